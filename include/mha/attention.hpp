@@ -1,0 +1,103 @@
+// Multi-head attention with torch.nn.MultiheadAttention semantics (batch_first=True, eval mode:
+// no dropout), built once from weights in PyTorch's layout. See README.md for an example.
+//
+//   E = embed_dim, H = num_heads, d = E / H, B = batch, Lq = query length, Lk = key/value length.
+//   Q = query·Wqᵀ + bq, K = key·Wkᵀ + bk, V = value·Wvᵀ + bv     (in_proj_weight = [Wq; Wk; Wv])
+//   head h uses columns [h·d, h·d + d) of Q, K, V (strided views, no copies):
+//     P_h = softmax(Q_h·K_hᵀ / sqrt(d) + masks),  C_h = P_h·V_h  → columns [h·d, h·d + d) of C
+//   out = C·Woᵀ + bo;  with ForwardOptions::norm_eps set: out = LayerNorm(out + query).
+//   A query row whose keys are all masked gets zero probabilities, so its output row is bo
+//   (PyTorch gives NaN there).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "mha/kernels.hpp"
+#include "mha/view.hpp"
+
+namespace mha {
+
+// Weights in PyTorch's layout, all row-major and contiguous. They are copied (and packed for the
+// SIMD backend) when the attention object is built; the caller's memory may be freed afterwards.
+struct AttentionWeights {
+    const float* in_proj_weight = nullptr;   // [3E, E], rows: Wq (E rows), Wk, Wv. Required.
+    const float* in_proj_bias = nullptr;     // [3E] or nullptr (zeros)
+    const float* out_proj_weight = nullptr;  // [E, E]. Required.
+    const float* out_proj_bias = nullptr;    // [E] or nullptr (zeros)
+    const float* norm_weight = nullptr;      // [E] gamma of the post-norm block, nullptr = ones
+    const float* norm_bias = nullptr;        // [E] beta of the post-norm block, nullptr = zeros
+};
+
+enum class MaskType { none, boolean, additive };
+
+// A mask, contiguous and row-major. boolean: a nonzero byte means "not allowed" (-inf);
+// additive: the float is added to the score. Shapes (rank 2 or 3):
+//   key_padding_mask: [B, Lk];  attn_mask: [Lq, Lk] (all batches and heads) or [B·H, Lq, Lk]
+//   (index b·H + h, as in PyTorch).
+struct MaskView {
+    MaskType type = MaskType::none;
+    const std::uint8_t* bools = nullptr;  // type == boolean
+    const float* values = nullptr;        // type == additive
+    int rank = 0;
+    std::size_t shape[3] = {0, 0, 0};
+
+    static MaskView boolean(const std::uint8_t* p, std::size_t d0, std::size_t d1) { return {MaskType::boolean, p, nullptr, 2, {d0, d1, 0}}; }
+    static MaskView boolean(const std::uint8_t* p, std::size_t d0, std::size_t d1, std::size_t d2) { return {MaskType::boolean, p, nullptr, 3, {d0, d1, d2}}; }
+    static MaskView additive(const float* p, std::size_t d0, std::size_t d1) { return {MaskType::additive, nullptr, p, 2, {d0, d1, 0}}; }
+    static MaskView additive(const float* p, std::size_t d0, std::size_t d1, std::size_t d2) { return {MaskType::additive, nullptr, p, 3, {d0, d1, d2}}; }
+    bool present() const { return type != MaskType::none; }
+};
+
+enum class NeedWeights { none, averaged, per_head };
+// materialized: scores Lq×Lk per task; fused: tiled online softmax, O(Lq·d) memory (needs no weights);
+// automatic picks fused when the scores would be large. The scalar backend always materializes.
+enum class Impl { automatic, materialized, fused };
+
+struct ForwardOptions {
+    bool causal = false;                      // key j masked for query i when j > i (top-left aligned)
+    NeedWeights need_weights = NeedWeights::none;
+    std::optional<float> norm_eps;            // set: post-norm block LayerNorm(out + query), eps inside sqrt
+    Backend backend = Backend::simd;
+    int threads = 0;                          // 0: all cores; otherwise the number of threads to use
+    Impl impl = Impl::automatic;
+};
+
+struct AttentionInputs {
+    ConstBatch query;            // [B, Lq, E]
+    ConstBatch key;              // [B, Lk, E]; data == nullptr: key = query (self-attention)
+    ConstBatch value;            // [B, Lk, E]; data == nullptr: value = key
+    MaskView key_padding_mask;   // optional, [B, Lk]
+    MaskView attn_mask;          // optional, [Lq, Lk] or [B·H, Lq, Lk]
+};
+
+struct AttentionOutputs {
+    Batch output;                   // [B, Lq, E]; must not overlap the inputs
+    float* attn_weights = nullptr;  // contiguous; averaged: [B, Lq, Lk]; per_head: [B, H, Lq, Lk]
+};
+
+class MultiheadAttention {
+public:
+    // Throws mha::invalid_argument if embed_dim or num_heads is 0, embed_dim % num_heads != 0,
+    // or a required weight pointer is null.
+    MultiheadAttention(const AttentionWeights& weights, std::size_t embed_dim, std::size_t num_heads);
+    ~MultiheadAttention();
+    MultiheadAttention(MultiheadAttention&&) noexcept;
+    MultiheadAttention& operator=(MultiheadAttention&&) noexcept;
+
+    std::size_t embed_dim() const noexcept;
+    std::size_t num_heads() const noexcept;
+    std::size_t head_dim() const noexcept;
+
+    // Computes the outputs. Validates every argument first and throws mha::invalid_argument without
+    // writing anything. Safe to call concurrently on one object (it is not modified).
+    void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options = {}) const;
+
+    struct State;  // weights (and packed weights); defined in lib/attention
+
+private:
+    std::unique_ptr<State> state_;
+};
+
+}  // namespace mha

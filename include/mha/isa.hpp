@@ -1,0 +1,22 @@
+// Instruction sets the SIMD backend can run on, chosen at run time.
+#pragma once
+#include <string_view>
+
+namespace mha {
+
+enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2 };  // ordered: a later one implies the earlier ones
+
+// Name as used by MHA_ISA and the tools: "sse2", "avx2" (AVX2 + FMA), "avx512" (F/CD/DQ/BW/VL).
+std::string_view isa_name(Isa isa) noexcept;
+// Parses a name from isa_name(); throws mha::invalid_argument for anything else.
+Isa parse_isa(std::string_view name);
+
+// The best ISA this CPU supports (cpuid).
+Isa detected_isa() noexcept;
+// The ISA the SIMD kernels use: min(detected, cap). The cap starts as the environment variable
+// MHA_ISA (if set and valid) and can be changed with set_isa_cap.
+Isa active_isa() noexcept;
+// Caps the ISA for later calls (process-wide; not meant to change while kernels run).
+void set_isa_cap(Isa cap) noexcept;
+
+}  // namespace mha

@@ -1,0 +1,34 @@
+// The kernels attention is built from, callable on their own: matrix multiply, row softmax and
+// row layernorm. Each checks its arguments and throws mha::invalid_argument (message naming the
+// argument and the values) before writing anything. Single-threaded; they never spawn threads.
+#pragma once
+#include <cstddef>
+
+#include "mha/view.hpp"
+
+namespace mha {
+
+enum class Backend { scalar, simd };  // scalar: the plain-loop reference; simd: xsimd, best ISA at run time
+enum class Trans { no, yes };         // op(X) = X or Xᵀ
+
+// C = alpha · op(A) · op(B) + beta · C.
+//   op(A) is [M, K], op(B) is [K, N], C is [M, N]; every view row-major with its own stride.
+//   Ta == yes means A is stored as [K, M]; Tb == yes means B is stored as [N, K] (the nn.Linear layout:
+//   y = x · Wᵀ is gemm(1, x, no, W, yes, 0, y)).
+//   beta == 0 overwrites C without reading it (C may hold NaN). C must not overlap A or B.
+void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
+          Backend backend = Backend::simd);
+
+// Row softmax in place: x[i, :] = softmax(scale · x[i, :] + mask[i, :]).
+//   mask: additive, same rows and cols as x (data == nullptr: no mask). -inf entries drop that column.
+//   Numerically stable (the row max is subtracted). A row whose entries are all -inf becomes zeros.
+void softmax_rows(Matrix x, float scale = 1.0f, ConstMatrix mask = {}, Backend backend = Backend::simd);
+
+// Row layernorm: y[i, :] = gamma · (z − mean(z)) / sqrt(var(z) + eps) + beta, z = x[i, :] (+ residual[i, :]).
+//   var is the biased variance (divide by cols); eps is inside the square root (TF style, seed 000).
+//   gamma, beta: [cols] each, nullptr means ones / zeros. residual: same shape as x, or data == nullptr.
+//   y may be the same memory as x or residual (in place), otherwise it must not overlap them.
+void layernorm_rows(ConstMatrix x, Matrix y, const float* gamma, const float* beta, float eps,
+                    ConstMatrix residual = {}, Backend backend = Backend::simd);
+
+}  // namespace mha

@@ -1,0 +1,12 @@
+// The whole public API of mha: views, kernels, multi-head attention, ISA control, errors.
+#pragma once
+#include "mha/attention.hpp"
+#include "mha/error.hpp"
+#include "mha/isa.hpp"
+#include "mha/kernels.hpp"
+#include "mha/view.hpp"
+
+namespace mha {
+// The library's version, "MAJOR.MINOR.PATCH".
+const char* version() noexcept;
+}  // namespace mha

@@ -1,0 +1,63 @@
+// Non-owning row-major matrix views with a row stride (in elements).
+// Element (i, j) of a view lives at data[i * stride + j]; stride >= cols.
+#pragma once
+#include <cstddef>
+#include <type_traits>
+
+namespace mha {
+
+template <class T>
+struct MatrixView {
+    T* data = nullptr;
+    std::size_t rows = 0;
+    std::size_t cols = 0;
+    std::size_t stride = 0;  // elements between the starts of consecutive rows
+
+    constexpr MatrixView() = default;
+    constexpr MatrixView(T* d, std::size_t r, std::size_t c, std::size_t s) : data(d), rows(r), cols(c), stride(s) {}
+    constexpr MatrixView(T* d, std::size_t r, std::size_t c) : data(d), rows(r), cols(c), stride(c) {}
+    // A view of mutable data converts to a view of const data.
+    template <class U>
+    constexpr MatrixView(const MatrixView<U>& o)  // NOLINT(google-explicit-constructor)
+        requires(!std::is_same_v<T, U> && std::is_same_v<T, const U>)
+        : data(o.data), rows(o.rows), cols(o.cols), stride(o.stride) {}
+
+    constexpr T& operator()(std::size_t i, std::size_t j) const { return data[i * stride + j]; }
+    constexpr T* row(std::size_t i) const { return data + i * stride; }
+    // Columns [c0, c0 + n) of every row: a head's slice, no copy.
+    constexpr MatrixView columns(std::size_t c0, std::size_t n) const { return {data + c0, rows, n, stride}; }
+    // Rows [r0, r0 + n).
+    constexpr MatrixView row_block(std::size_t r0, std::size_t n) const { return {data + r0 * stride, n, cols, stride}; }
+};
+
+using Matrix = MatrixView<float>;
+using ConstMatrix = MatrixView<const float>;
+
+// A batch of matrices [batch, rows, cols]: matrix b starts at data + b * batch_stride.
+template <class T>
+struct BatchView {
+    T* data = nullptr;
+    std::size_t batch = 0;
+    std::size_t rows = 0;
+    std::size_t cols = 0;
+    std::size_t row_stride = 0;
+    std::size_t batch_stride = 0;
+
+    constexpr BatchView() = default;
+    // Contiguous [batch, rows, cols].
+    constexpr BatchView(T* d, std::size_t b, std::size_t r, std::size_t c)
+        : data(d), batch(b), rows(r), cols(c), row_stride(c), batch_stride(r * c) {}
+    constexpr BatchView(T* d, std::size_t b, std::size_t r, std::size_t c, std::size_t rs, std::size_t bs)
+        : data(d), batch(b), rows(r), cols(c), row_stride(rs), batch_stride(bs) {}
+    template <class U>
+    constexpr BatchView(const BatchView<U>& o)  // NOLINT(google-explicit-constructor)
+        requires(!std::is_same_v<T, U> && std::is_same_v<T, const U>)
+        : data(o.data), batch(o.batch), rows(o.rows), cols(o.cols), row_stride(o.row_stride), batch_stride(o.batch_stride) {}
+
+    constexpr MatrixView<T> operator[](std::size_t b) const { return {data + b * batch_stride, rows, cols, row_stride}; }
+};
+
+using Batch = BatchView<float>;
+using ConstBatch = BatchView<const float>;
+
+}  // namespace mha

@@ -1,0 +1,118 @@
+// MultiheadAttention: owns the weights, validates every forward argument at the public API, then
+// runs the scalar reference or the SIMD backend. Nothing is written before validation passes.
+#include <cmath>
+#include <string>
+
+#include "../core/validate.hpp"
+#include "../reference/reference.hpp"
+#include "mha/attention.hpp"
+#include "state.hpp"
+
+namespace mha {
+
+using detail::fail;
+
+namespace {
+
+std::string dims(const MaskView& m) {
+    std::string s = "[";
+    for (int i = 0; i < m.rank; ++i) s += (i ? ", " : "") + std::to_string(m.shape[i]);
+    return s + "]";
+}
+
+void check_mask_data(const char* name, const MaskView& m) {
+    if (m.type == MaskType::boolean && m.bools == nullptr) fail(std::string(name) + " is boolean with a null pointer");
+    if (m.type == MaskType::additive && m.values == nullptr) fail(std::string(name) + " is additive with a null pointer");
+}
+
+void check_masks(const AttentionInputs& in, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk) {
+    if (const MaskView& m = in.key_padding_mask; m.present()) {
+        check_mask_data("key_padding_mask", m);
+        if (m.rank != 2 || m.shape[0] != B || m.shape[1] != Lk)
+            fail("key_padding_mask has shape " + dims(m) + " but must be [B, Lk] = [" + std::to_string(B) + ", " +
+                 std::to_string(Lk) + "]");
+    }
+    if (const MaskView& m = in.attn_mask; m.present()) {
+        check_mask_data("attn_mask", m);
+        const bool ok2 = m.rank == 2 && m.shape[0] == Lq && m.shape[1] == Lk;
+        const bool ok3 = m.rank == 3 && m.shape[0] == B * H && m.shape[1] == Lq && m.shape[2] == Lk;
+        if (!ok2 && !ok3)
+            fail("attn_mask has shape " + dims(m) + " but must be [Lq, Lk] = [" + std::to_string(Lq) + ", " +
+                 std::to_string(Lk) + "] or [B·H, Lq, Lk] = [" + std::to_string(B * H) + ", " + std::to_string(Lq) +
+                 ", " + std::to_string(Lk) + "]");
+    }
+}
+
+}  // namespace
+
+MultiheadAttention::MultiheadAttention(const AttentionWeights& w, std::size_t E, std::size_t H) {
+    if (E == 0) fail("embed_dim is 0");
+    if (H == 0) fail("num_heads is 0");
+    if (E % H != 0) fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H));
+    if (w.in_proj_weight == nullptr) fail("in_proj_weight is a null pointer");
+    if (w.out_proj_weight == nullptr) fail("out_proj_weight is a null pointer");
+
+    auto s = std::make_unique<State>();
+    s->E = E;
+    s->H = H;
+    s->in_w.assign(w.in_proj_weight, w.in_proj_weight + 3 * E * E);
+    s->out_w.assign(w.out_proj_weight, w.out_proj_weight + E * E);
+    s->in_b = w.in_proj_bias ? std::vector<float>(w.in_proj_bias, w.in_proj_bias + 3 * E) : std::vector<float>(3 * E, 0.0f);
+    s->out_b = w.out_proj_bias ? std::vector<float>(w.out_proj_bias, w.out_proj_bias + E) : std::vector<float>(E, 0.0f);
+    if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
+    if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
+    s->wq = simd::PackedMatrix(ConstMatrix(s->in_w.data(), E, E), Trans::yes);
+    s->wk = simd::PackedMatrix(ConstMatrix(s->in_w.data() + E * E, E, E), Trans::yes);
+    s->wv = simd::PackedMatrix(ConstMatrix(s->in_w.data() + 2 * E * E, E, E), Trans::yes);
+    s->wo = simd::PackedMatrix(ConstMatrix(s->out_w.data(), E, E), Trans::yes);
+    state_ = std::move(s);
+}
+
+MultiheadAttention::~MultiheadAttention() = default;
+MultiheadAttention::MultiheadAttention(MultiheadAttention&&) noexcept = default;
+MultiheadAttention& MultiheadAttention::operator=(MultiheadAttention&&) noexcept = default;
+
+std::size_t MultiheadAttention::embed_dim() const noexcept { return state_->E; }
+std::size_t MultiheadAttention::num_heads() const noexcept { return state_->H; }
+std::size_t MultiheadAttention::head_dim() const noexcept { return state_->E / state_->H; }
+
+void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionOutputs& out,
+                                 const ForwardOptions& opt) const {
+    if (!state_) fail("the attention object was moved from");
+    const std::size_t E = state_->E, H = state_->H;
+    AttentionInputs in = in_arg;
+    if (in.key.data == nullptr) in.key = in.query;
+    if (in.value.data == nullptr) in.value = in.key;
+
+    detail::check_batch("query", in.query);
+    detail::check_batch("key", in.key);
+    detail::check_batch("value", in.value);
+    detail::check_batch("output", out.output);
+    const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
+    if (in.query.cols != E) fail("query has " + std::to_string(in.query.cols) + " features but embed_dim is " + std::to_string(E));
+    if (in.key.cols != E) fail("key has " + std::to_string(in.key.cols) + " features but embed_dim is " + std::to_string(E));
+    if (in.value.cols != E) fail("value has " + std::to_string(in.value.cols) + " features but embed_dim is " + std::to_string(E));
+    if (in.key.batch != B) fail("key batch " + std::to_string(in.key.batch) + " differs from query batch " + std::to_string(B));
+    if (in.value.batch != B) fail("value batch " + std::to_string(in.value.batch) + " differs from query batch " + std::to_string(B));
+    if (in.value.rows != Lk) fail("value length " + std::to_string(in.value.rows) + " differs from key length " + std::to_string(Lk));
+    if (out.output.batch != B || out.output.rows != Lq || out.output.cols != E)
+        fail("output is [" + std::to_string(out.output.batch) + ", " + std::to_string(out.output.rows) + ", " +
+             std::to_string(out.output.cols) + "] but must be [B, Lq, E] = [" + std::to_string(B) + ", " +
+             std::to_string(Lq) + ", " + std::to_string(E) + "]");
+    if (detail::overlaps(out.output, in.query) || detail::overlaps(out.output, in.key) ||
+        detail::overlaps(out.output, in.value))
+        fail("output overlaps query, key or value");
+    check_masks(in, B, H, Lq, Lk);
+    if (opt.need_weights != NeedWeights::none && out.attn_weights == nullptr)
+        fail("need_weights is set but attn_weights is a null pointer");
+    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
+    if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
+        fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
+
+    if (opt.backend == Backend::scalar)
+        reference::multihead_attention(state_->weights(), E, H, in, out, opt);
+    else
+        simd_multihead_attention(*state_, in, out, opt);
+}
+
+}  // namespace mha

@@ -1,0 +1,85 @@
+// Scalar reference multi-head attention (torch.nn.MultiheadAttention, batch_first, eval), built
+// from the reference kernels exactly as mha/attention.hpp writes it. For each batch b:
+//   Q = query_b·Wqᵀ + bq, K = key_b·Wkᵀ + bk, V = value_b·Wvᵀ + bv   ([L, E] each)
+//   for each head h, Qh/Kh/Vh = columns [h·d, h·d + d) viewed with stride E (seed 003's slices):
+//     S = Qh·Khᵀ / sqrt(d); masked entries get their additive value or -inf; P = softmax rows of S
+//     C[:, h·d ..] = P·Vh
+//   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + query_b).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace mha::reference {
+namespace {
+
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+// y = x·Wᵀ + bias for y [rows, n], x [rows, k], W [n, k].
+void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
+    reference::gemm(1.0f, x, Trans::no, w, Trans::yes, 0.0f, y);
+    for (std::size_t i = 0; i < y.rows; ++i)
+        for (std::size_t j = 0; j < y.cols; ++j) y(i, j) += bias[j];
+}
+
+// The additive value a mask contributes at [index, i, j] (index selects the batch or batch·head).
+float mask_value(const MaskView& m, std::size_t index, std::size_t i, std::size_t j) {
+    const std::size_t rows = m.rank == 3 ? m.shape[1] : m.shape[0];
+    const std::size_t cols = m.rank == 3 ? m.shape[2] : m.shape[1];
+    const std::size_t at = (m.rank == 3 ? index * rows * cols : 0) + i * cols + j;
+    if (m.type == MaskType::boolean) return m.bools[at] ? kMinusInf : 0.0f;
+    return m.values[at];
+}
+
+}  // namespace
+
+void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::size_t num_heads,
+                         const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt) {
+    const std::size_t E = embed_dim, H = num_heads, d = E / H;
+    const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+    const ConstMatrix wq(w.in_proj_weight, E, E), wk(w.in_proj_weight + E * E, E, E),
+        wv(w.in_proj_weight + 2 * E * E, E, E), wo(w.out_proj_weight, E, E);
+    const float *bq = w.in_proj_bias, *bk = w.in_proj_bias + E, *bv = w.in_proj_bias + 2 * E;
+
+    std::vector<float> q(Lq * E), k(Lk * E), v(Lk * E), ctx(Lq * E), scores(Lq * Lk);
+    const Matrix Q(q.data(), Lq, E), K(k.data(), Lk, E), V(v.data(), Lk, E), C(ctx.data(), Lq, E);
+    const Matrix S(scores.data(), Lq, Lk);
+
+    for (std::size_t b = 0; b < B; ++b) {
+        linear(in.query[b], wq, bq, Q);
+        linear(in.key[b], wk, bk, K);
+        linear(in.value[b], wv, bv, V);
+        for (std::size_t h = 0; h < H; ++h) {
+            reference::gemm(scale, Q.columns(h * d, d), Trans::no, K.columns(h * d, d), Trans::yes, 0.0f, S);
+            for (std::size_t i = 0; i < Lq; ++i) {
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    if (in.key_padding_mask.present()) S(i, j) += mask_value(in.key_padding_mask, 0, b, j);
+                    if (in.attn_mask.present()) S(i, j) += mask_value(in.attn_mask, b * H + h, i, j);
+                    if (opt.causal && j > i) S(i, j) = kMinusInf;
+                }
+                softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
+            }
+            reference::gemm(1.0f, S, Trans::no, V.columns(h * d, d), Trans::no, 0.0f, C.columns(h * d, d));
+
+            if (opt.need_weights == NeedWeights::per_head) {
+                float* dst = out.attn_weights + (b * H + h) * Lq * Lk;
+                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = scores[i];
+            } else if (opt.need_weights == NeedWeights::averaged) {
+                float* dst = out.attn_weights + b * Lq * Lk;
+                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = (h == 0 ? 0.0f : dst[i]) + scores[i] / static_cast<float>(H);
+            }
+        }
+        const Matrix y = out.output[b];
+        linear(C, wo, w.out_proj_bias, y);
+        if (opt.norm_eps) {
+            const ConstMatrix x = in.query[b];
+            for (std::size_t i = 0; i < Lq; ++i)
+                layernorm_row(y.row(i), y.row(i), x.row(i), E, w.norm_weight, w.norm_bias, *opt.norm_eps);
+        }
+    }
+}
+
+}  // namespace mha::reference

@@ -1,0 +1,33 @@
+// Scalar reference row softmax: z = scale·x + masks, x = exp(z − max z) / Σ exp(z − max z).
+// Entries at or past n_valid get probability 0; an all -inf row becomes zeros instead of NaN.
+#include <cmath>
+#include <limits>
+
+#include "reference.hpp"
+
+namespace mha::reference {
+
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
+                 const float* mask1) noexcept {
+    float max = -std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < n_valid; ++j) {
+        float z = scale * x[j];
+        if (mask0) z += mask0[j];
+        if (mask1) z += mask1[j];
+        x[j] = z;
+        if (z > max) max = z;
+    }
+    if (max == -std::numeric_limits<float>::infinity()) {
+        for (std::size_t j = 0; j < n; ++j) x[j] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (std::size_t j = 0; j < n_valid; ++j) {
+        x[j] = std::exp(x[j] - max);
+        sum += x[j];
+    }
+    for (std::size_t j = 0; j < n_valid; ++j) x[j] /= sum;
+    for (std::size_t j = n_valid; j < n; ++j) x[j] = 0.0f;
+}
+
+}  // namespace mha::reference
