@@ -11,7 +11,12 @@ namespace mha::detail {
 
 [[noreturn]] inline void fail(const std::string& message) { throw invalid_argument(message); }
 
-inline std::string shape_str(std::size_t r, std::size_t c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; }
+inline std::string shape_str(std::size_t r, std::size_t c) {
+    // Appends rather than "[" + ...: g++ 12 gives a false -Wrestrict on that form (GCC bug 105651).
+    std::string s("[");
+    s.append(std::to_string(r)).append(", ").append(std::to_string(c)).append("]");
+    return s;
+}
 
 // A non-empty matrix view with a valid pointer and stride >= cols.
 template <class T>
