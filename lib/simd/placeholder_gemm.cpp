@@ -36,11 +36,4 @@ void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix& b, fl
         for (std::size_t i = 0; i < c.rows; ++i)
             for (std::size_t j = 0; j < c.cols; ++j) c(i, j) += bias[j];
 }
-void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* m0, const float* m1) noexcept {
-    reference::softmax_row(x, n, n_valid, scale, m0, m1);
-}
-void layernorm_row(float* y, const float* x, const float* r, std::size_t n, const float* g, const float* b, float eps) noexcept {
-    reference::layernorm_row(y, x, r, n, g, b, eps);
-}
-
 }  // namespace mha::simd
