@@ -61,6 +61,7 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, std::size_t E,
     s->out_b = w.out_proj_bias ? std::vector<float>(w.out_proj_bias, w.out_proj_bias + E) : std::vector<float>(E, 0.0f);
     if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
+    s->wqkv = simd::PackedMatrix(ConstMatrix(s->in_w.data(), 3 * E, E), Trans::yes);
     s->wq = simd::PackedMatrix(ConstMatrix(s->in_w.data(), E, E), Trans::yes);
     s->wk = simd::PackedMatrix(ConstMatrix(s->in_w.data() + E * E, E, E), Trans::yes);
     s->wv = simd::PackedMatrix(ConstMatrix(s->in_w.data() + 2 * E * E, E, E), Trans::yes);

@@ -11,7 +11,9 @@ namespace mha {
 struct MultiheadAttention::State {
     std::size_t E = 0, H = 0;
     std::vector<float> in_w, in_b, out_w, out_b, norm_w, norm_b;  // norm_*: empty when not given
-    simd::PackedMatrix wq, wk, wv, wo;  // Wᵀ of each projection, packed: y = x·Wᵀ is gemm_packed(x, W)
+    // Wᵀ of each projection, packed once: y = x·Wᵀ + b is one gemm_packed call. Self-attention uses wqkv
+    // (one GEMM for Q, K and V); cross-attention uses wq, wk, wv (this costs a second copy of in_proj).
+    simd::PackedMatrix wqkv, wq, wk, wv, wo;
 
     // Pointers into the copies above (norm ones null when not given).
     AttentionWeights weights() const {
