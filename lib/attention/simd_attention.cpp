@@ -1,10 +1,106 @@
-// TEMPORARY: the SIMD attention backend runs the reference until the SIMD path lands.
-#include "../reference/reference.hpp"
+// The SIMD attention backend: multi-head attention from the xsimd kernels, parallel with oneTBB.
+//   1. Projections: rows of query (and key, value) in fixed blocks, each one gemm_packed call with the
+//      bias fused (self-attention: one GEMM against the packed [3E, E] weight into a [tokens, 3E] buffer).
+//   2. Per (batch, head, block of query rows): S = Q_h·K_hᵀ/√d (heads are column views with stride
+//      3E or E, no copies), masks and softmax row by row, then S·V_h written straight into the head's
+//      columns of the context C.
+//   3. Output projection per row block with the bias fused, then the optional post-norm on those rows.
+// Work is cut into blocks whose sizes depend on the shape only, never on the thread count, and each
+// output element is computed by one task, so results are bitwise identical for any thread count.
+// Preconditions: inputs validated by MultiheadAttention::forward, key/value resolved.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "attention_plan.hpp"
 #include "state.hpp"
 
 namespace mha {
-void simd_multihead_attention(const MultiheadAttention::State& s, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt) {
-    reference::multihead_attention(s.weights(), s.E, s.H, in, out, opt);
+namespace {
+
+using detail::AttentionPlan;
+using detail::Scratch;
+
+// One (batch, query block) task's heads: the scores of the block, softmax, context. With averaged
+// weights the heads of a block run in one task so the sum over heads has a fixed order.
+void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::size_t i0, std::size_t rows,
+                  Matrix scores) {
+    const std::size_t d = p.head_dim;
+    // Causal: keys past the block's last query are masked for every row of the block; skip them.
+    const std::size_t keys = p.causal ? std::min(p.Lk, i0 + rows) : p.Lk;
+    const std::size_t cols = p.need_weights == NeedWeights::none ? keys : p.Lk;
+    const Matrix s = Matrix(scores.data, rows, cols, scores.stride);
+    const ConstMatrix q = p.Q[b].columns(h * d, d).row_block(i0, rows);
+    const ConstMatrix k = p.K[b].columns(h * d, d).row_block(0, keys);
+    simd::gemm(p.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys));
+    for (std::size_t r = 0; r < rows; ++r) {
+        const std::size_t i = i0 + r;
+        const std::size_t valid = p.causal ? std::min(p.Lk, i + 1) : p.Lk;
+        simd::softmax_row(s.row(r), cols, valid, 1.0f, p.key_padding_row(b), p.attn_mask_row(b, h, i));
+    }
+    const ConstMatrix v = p.V[b].columns(h * d, d).row_block(0, keys);
+    simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f,
+               p.C[b].columns(h * d, d).row_block(i0, rows));
 }
+
+}  // namespace
+
+void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
+                              const AttentionOutputs& out, const ForwardOptions& opt) {
+    AttentionPlan p(st, in, out, opt);
+    const std::size_t B = p.B, H = p.H, Lq = p.Lq, Lk = p.Lk;
+
+    auto run = [&] {
+        p.project_inputs(st, in);
+
+        const std::size_t qb = p.query_block;
+        const std::size_t nqb = (Lq + qb - 1) / qb;
+        if (p.need_weights == NeedWeights::averaged) {
+            tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nqb), [&](const tbb::blocked_range<std::size_t>& r) {
+                for (std::size_t t = r.begin(); t != r.end(); ++t) {
+                    const std::size_t b = t / nqb, i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
+                    float* buf = Scratch::get(rows * Lk);
+                    const Matrix s(buf, rows, Lk);
+                    const Matrix w(out.attn_weights + (b * Lq + i0) * Lk, rows, Lk);
+                    const float inv_h = 1.0f / static_cast<float>(H);
+                    for (std::size_t h = 0; h < H; ++h) {
+                        attend_block(p, b, h, i0, rows, s);
+                        for (std::size_t i = 0; i < rows; ++i)
+                            for (std::size_t j = 0; j < Lk; ++j) w(i, j) = (h == 0 ? 0.0f : w(i, j)) + s(i, j) * inv_h;
+                    }
+                }
+            });
+        } else {
+            tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * H * nqb), [&](const tbb::blocked_range<std::size_t>& r) {
+                for (std::size_t t = r.begin(); t != r.end(); ++t) {
+                    const std::size_t bh = t / nqb, b = bh / H, h = bh % H;
+                    const std::size_t i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
+                    if (p.need_weights == NeedWeights::per_head) {
+                        attend_block(p, b, h, i0, rows, Matrix(out.attn_weights + (bh * Lq + i0) * Lk, rows, Lk));
+                    } else {
+                        attend_block(p, b, h, i0, rows, Matrix(Scratch::get(rows * Lk), rows, Lk));
+                    }
+                }
+            });
+        }
+
+        p.project_output(st, in, out);
+    };
+
+    // More threads than TBB can run is clamped (TBB would only warn and ignore the rest).
+    const int threads = std::min(opt.threads, tbb::this_task_arena::max_concurrency());
+    if (opt.threads > 0 && threads != tbb::this_task_arena::max_concurrency()) {
+        tbb::task_arena arena(threads);
+        arena.execute(run);
+    } else {
+        run();
+    }
+}
+
 }  // namespace mha

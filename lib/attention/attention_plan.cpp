@@ -1,0 +1,134 @@
+// AttentionPlan: buffers, masks and the two projection steps of the SIMD attention backend.
+#include "attention_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+namespace mha::detail {
+namespace {
+
+constexpr std::size_t kAlign = 64;
+
+// Rows of a projection task: large enough for the GEMM's row blocking, small enough to give every
+// core work at B·L = 128 tokens.
+constexpr std::size_t kRowBlock = 64;
+// Query rows of an attention task.
+constexpr std::size_t kQueryBlock = 64;
+
+bool same_view(const ConstBatch& a, const ConstBatch& b) {
+    return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols &&
+           a.row_stride == b.row_stride && a.batch_stride == b.batch_stride;
+}
+
+// A mask as additive floats: additive masks are used in place, boolean ones converted to 0 / -inf.
+const float* additive(const MaskView& m, std::vector<float>& store) {
+    if (m.type == MaskType::additive) return m.values;
+    std::size_t n = 1;
+    for (int i = 0; i < m.rank; ++i) n *= m.shape[i];
+    store.resize(n);
+    for (std::size_t i = 0; i < n; ++i) store[i] = m.bools[i] ? -std::numeric_limits<float>::infinity() : 0.0f;
+    return store.data();
+}
+
+struct ScratchSlots {
+    AlignedArray slot[Scratch::kSlots];
+};
+
+}  // namespace
+
+AlignedArray::AlignedArray(std::size_t n)
+    : data_(static_cast<float*>(::operator new[](std::max<std::size_t>(n, 1) * sizeof(float), std::align_val_t(kAlign)))),
+      size_(n) {}
+
+void AlignedArray::Free::operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t(kAlign)); }
+
+float* Scratch::get(std::size_t n, int slot) {
+    thread_local ScratchSlots slots;
+    AlignedArray& a = slots.slot[slot];
+    if (a.size() < n) a = AlignedArray(n + n / 4);
+    return a.data();
+}
+
+AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs&,
+                             const ForwardOptions& opt)
+    : E(st.E), H(st.H), head_dim(st.E / st.H), B(in.query.batch), Lq(in.query.rows), Lk(in.key.rows),
+      scale(1.0f / std::sqrt(static_cast<float>(st.E / st.H))), causal(opt.causal), need_weights(opt.need_weights),
+      query_block(kQueryBlock), row_block(kRowBlock),
+      self_attention(same_view(in.query, in.key) && same_view(in.key, in.value)), norm_eps_(opt.norm_eps) {
+    if (self_attention) {
+        qkv_ = AlignedArray(B * Lq * 3 * E);
+        Q = Batch(qkv_.data(), B, Lq, E, 3 * E, Lq * 3 * E);
+        K = Batch(qkv_.data() + E, B, Lq, E, 3 * E, Lq * 3 * E);
+        V = Batch(qkv_.data() + 2 * E, B, Lq, E, 3 * E, Lq * 3 * E);
+    } else {
+        qkv_ = AlignedArray(B * Lq * E);
+        kv_ = AlignedArray(B * Lk * 2 * E);
+        Q = Batch(qkv_.data(), B, Lq, E);
+        K = Batch(kv_.data(), B, Lk, E, 2 * E, Lk * 2 * E);
+        V = Batch(kv_.data() + E, B, Lk, E, 2 * E, Lk * 2 * E);
+    }
+    c_ = AlignedArray(B * Lq * E);
+    C = Batch(c_.data(), B, Lq, E);
+    if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
+    if (in.attn_mask.present()) {
+        attn_mask_ = additive(in.attn_mask, attn_mask_store_);
+        attn_mask_rank_ = in.attn_mask.rank;
+    }
+}
+
+void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const AttentionInputs& in) const {
+    const std::size_t nq = (Lq + row_block - 1) / row_block, nk = (Lk + row_block - 1) / row_block;
+    const float* bias = st.in_b.data();
+    if (self_attention) {
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nq), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t t = r.begin(); t != r.end(); ++t) {
+                const std::size_t b = t / nq, r0 = (t % nq) * row_block, n = std::min(row_block, Lq - r0);
+                const Matrix qkv(Q[b].data + r0 * 3 * E, n, 3 * E, 3 * E);
+                simd::gemm_packed(1.0f, in.query[b].row_block(r0, n), Trans::no, st.wqkv, 0.0f, bias, qkv);
+            }
+        });
+        return;
+    }
+    // Cross-attention: Q from query, K and V from key and value, all tasks in one loop.
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * (nq + 2 * nk)), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t b = t / (nq + 2 * nk), u = t % (nq + 2 * nk);
+            if (u < nq) {
+                const std::size_t r0 = u * row_block, n = std::min(row_block, Lq - r0);
+                simd::gemm_packed(1.0f, in.query[b].row_block(r0, n), Trans::no, st.wq, 0.0f, bias, Q[b].row_block(r0, n));
+            } else {
+                const bool is_key = u < nq + nk;
+                const std::size_t r0 = (is_key ? u - nq : u - nq - nk) * row_block, n = std::min(row_block, Lk - r0);
+                if (is_key)
+                    simd::gemm_packed(1.0f, in.key[b].row_block(r0, n), Trans::no, st.wk, 0.0f, bias + E, K[b].row_block(r0, n));
+                else
+                    simd::gemm_packed(1.0f, in.value[b].row_block(r0, n), Trans::no, st.wv, 0.0f, bias + 2 * E,
+                                      V[b].row_block(r0, n));
+            }
+        }
+    });
+}
+
+void AttentionPlan::project_output(const MultiheadAttention::State& st, const AttentionInputs& in,
+                                   const AttentionOutputs& out) const {
+    const std::size_t nq = (Lq + row_block - 1) / row_block;
+    const float* gamma = st.norm_w.empty() ? nullptr : st.norm_w.data();
+    const float* beta = st.norm_b.empty() ? nullptr : st.norm_b.data();
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nq), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t b = t / nq, r0 = (t % nq) * row_block, n = std::min(row_block, Lq - r0);
+            const Matrix y = out.output[b].row_block(r0, n);
+            simd::gemm_packed(1.0f, C[b].row_block(r0, n), Trans::no, st.wo, 0.0f, st.out_b.data(), y);
+            if (!norm_eps_) continue;
+            const ConstMatrix x = in.query[b].row_block(r0, n);
+            for (std::size_t i = 0; i < n; ++i) simd::layernorm_row(y.row(i), y.row(i), x.row(i), E, gamma, beta, *norm_eps_);
+        }
+    });
+}
+
+}  // namespace mha::detail
