@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One command for each job on a fresh Debian 12 machine (as root, or with sudo available):
+#   tools/quickstart.sh test    install what is missing, build, run the whole test suite (ctest)
+#   tools/quickstart.sh bench   install what is missing, build, run the head-count scaling benchmark
+# Extra arguments after "bench" go to tools/scaling.sh (see README).
+set -euo pipefail
+mode=${1:-test}
+shift || true
+cd "$(dirname "$0")/.."
+
+packages=(cmake make g++ libxsimd-dev libtbb-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+[ "$mode" = bench ] && packages+=(python3 python3-matplotlib)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+build=${MHA_BUILD_DIR:-build}
+jobs=$(nproc)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build" -j "$jobs"
+
+case "$mode" in
+  test)
+    ctest --test-dir "$build" --output-on-failure -j "$jobs"
+    ;;
+  bench)
+    MHA_BUILD_DIR="$build" bash tools/scaling.sh "$@"
+    ;;
+  *)
+    echo "usage: tools/quickstart.sh test|bench [scaling options]" >&2
+    exit 2
+    ;;
+esac
