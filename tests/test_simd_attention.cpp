@@ -23,6 +23,7 @@ struct Case {
     bool am_bool = false;
     mha::NeedWeights need = mha::NeedWeights::none;
     bool norm = false;
+    mha::Impl impl = mha::Impl::automatic;
 };
 
 std::vector<float> random_vector(std::size_t n, float lo, float hi, std::mt19937& rng) {
@@ -101,6 +102,7 @@ struct Problem {
         o.causal = c.causal;
         o.need_weights = c.need;
         o.threads = threads;
+        o.impl = c.impl;
         if (c.norm) o.norm_eps = 1e-5f;
         m.forward(in, {mha::Batch(out.data(), c.B, c.Lq, c.E), wts.empty() ? nullptr : wts.data()}, o);
         out.insert(out.end(), wts.begin(), wts.end());
@@ -232,6 +234,71 @@ TEST(SimdAttention, StridedInputsMatchContiguous) {
             for (std::size_t j = 0; j < 16; ++j) padded[b * (9 * 21 + 5) + i * 21 + j] = p.q[(b * 9 + i) * 16 + j];
     p.in.query = mha::ConstBatch(padded.data(), 2, 9, 16, 21, 9 * 21 + 5);
     EXPECT_EQ(p.run(m, mha::Backend::simd), want);
+}
+
+}  // namespace
+
+namespace {
+
+// The fused path (online softmax over key tiles of 256) against the reference: lengths around the
+// tile, every mask kind, causal, cross-attention.
+TEST(FusedAttention, LengthsAroundTheTile) {
+    for (std::size_t L : {1, 2, 255, 256, 257, 513}) {
+        Case c{1, L, L, 32, 2};
+        c.impl = mha::Impl::fused;
+        c.causal = L % 2 == 1;
+        check(c);
+    }
+}
+
+TEST(FusedAttention, EveryMaskKindAndCross) {
+    for (int kp = 0; kp < 3; ++kp)
+        for (int am = 0; am < 5; ++am)
+            for (bool causal : {false, true}) {
+                Case c{2, 70, 300, 32, 4};
+                c.impl = mha::Impl::fused;
+                c.cross = true;
+                c.kp_bool = kp == 1;
+                c.kp_float = kp == 2;
+                c.am_rank = am == 0 ? 0 : (am <= 2 ? 2 : 3);
+                c.am_bool = am % 2 == 1;
+                c.causal = causal;
+                check(c);
+            }
+}
+
+TEST(FusedAttention, FullyPaddedTilesAndRows) {
+    Case c{2, 300, 600, 16, 2};
+    c.impl = mha::Impl::fused;
+    c.cross = true;
+    Problem p(c);
+    // Batch 0: keys 0..299 padded (whole first tile skipped); batch 1: every key padded.
+    std::vector<std::uint8_t> mask(2 * 600, 0);
+    for (std::size_t j = 0; j < 300; ++j) mask[j] = 1;
+    for (std::size_t j = 600; j < 1200; ++j) mask[j] = 1;
+    p.in.key_padding_mask = mha::MaskView::boolean(mask.data(), 2, 600);
+    auto m = p.make();
+    const auto got = p.run(m, mha::Backend::simd);
+    expect_close(c, got, p.run(m, mha::Backend::scalar));
+    for (std::size_t i = 0; i < 300; ++i)
+        for (std::size_t j = 0; j < 16; ++j) ASSERT_EQ(got[(300 + i) * 16 + j], p.b_out[j]);
+}
+
+TEST(FusedAttention, NeedWeightsFallsBackToMaterialized) {
+    Case c{1, 40, 40, 16, 2};
+    c.impl = mha::Impl::fused;
+    c.need = mha::NeedWeights::per_head;
+    check(c);
+}
+
+TEST(FusedAttention, BitwiseIdenticalAcrossThreadCounts) {
+    Case c{1, 600, 600, 64, 4};
+    c.impl = mha::Impl::fused;
+    c.causal = true;
+    Problem p(c);
+    auto m = p.make();
+    const auto one = p.run(m, mha::Backend::simd, 1);
+    for (int t : {2, 3, 8}) EXPECT_EQ(one, p.run(m, mha::Backend::simd, t)) << t << " threads";
 }
 
 }  // namespace

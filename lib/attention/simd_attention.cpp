@@ -4,6 +4,7 @@
 //   2. Per (batch, head, block of query rows): S = Q_h·K_hᵀ/√d (heads are column views with stride
 //      3E or E, no copies), masks and softmax row by row, then S·V_h written straight into the head's
 //      columns of the context C.
+//      With the fused path (long sequences, see fused_attention.cpp) the scores are never materialized.
 //   3. Output projection per row block with the bias fused, then the optional post-norm on those rows.
 // Work is cut into blocks whose sizes depend on the shape only, never on the thread count, and each
 // output element is computed by one task, so results are bitwise identical for any thread count.
@@ -19,6 +20,7 @@
 #include <tbb/task_arena.h>
 
 #include "attention_plan.hpp"
+#include "fused_attention.hpp"
 #include "state.hpp"
 
 namespace mha {
@@ -56,6 +58,10 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
     AttentionPlan p(st, in, out, opt);
     const std::size_t B = p.B, H = p.H, Lq = p.Lq, Lk = p.Lk;
 
+    // need_weights must return the probabilities, so it always takes the materialized path.
+    const bool fused = opt.need_weights == NeedWeights::none &&
+                       (opt.impl == Impl::fused || (opt.impl == Impl::automatic && Lk >= detail::kFusedMinKeys));
+
     auto run = [&] {
         p.project_inputs(st, in);
 
@@ -81,7 +87,9 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
                 for (std::size_t t = r.begin(); t != r.end(); ++t) {
                     const std::size_t bh = t / nqb, b = bh / H, h = bh % H;
                     const std::size_t i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
-                    if (p.need_weights == NeedWeights::per_head) {
+                    if (fused) {
+                        detail::fused_attend_block(p, b, h, i0, rows);
+                    } else if (p.need_weights == NeedWeights::per_head) {
                         attend_block(p, b, h, i0, rows, Matrix(out.attn_weights + (bh * Lq + i0) * Lk, rows, Lk));
                     } else {
                         attend_block(p, b, h, i0, rows, Matrix(Scratch::get(rows * Lk), rows, Lk));

@@ -1,0 +1,12 @@
+// simd::softmax_tile_online: dispatches to the best allowed ISA.
+#include "online_softmax.hpp"
+#include "simd.hpp"
+
+namespace mha::simd {
+
+float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
+                          const float* mask1, float& running_max) noexcept {
+    return dispatch(active_isa(), softmax_tile_online_kernel{}, x, n, n_valid, scale, mask0, mask1, running_max);
+}
+
+}  // namespace mha::simd
