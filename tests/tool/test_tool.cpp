@@ -1,0 +1,694 @@
+// Tests of the `mha` command-line tool: each runs the real binary (MHA_TOOL_PATH) in a fresh temporary
+// folder and checks its exit code, stdout, stderr and the files it leaves.
+//   run:   a case checked on paper (E = 2, H = 1, identity weights); the tool against the library called
+//          here on the same arrays; every kind of bad input (exit != 0, exactly one line on stderr,
+//          no file created); the PyTorch fixtures in tests/data when present.
+//   bench: --json for each op is one valid JSON object with the required fields.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <mha/mha.hpp>
+#include <nlohmann/json.hpp>
+
+#include "npy.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Shape = std::vector<std::size_t>;
+
+struct Result {
+    int exit_code = -1;
+    std::string out, err;
+};
+
+std::string read_text(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `mha args...` with stdout and stderr captured in files under capture_dir.
+Result run_tool(const std::vector<std::string>& args, const fs::path& capture_dir) {
+    fs::create_directories(capture_dir);
+    const std::string out_path = (capture_dir / "stdout").string(), err_path = (capture_dir / "stderr").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> argv_strings{MHA_TOOL_PATH};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    const int spawn_rc = posix_spawn(&pid, MHA_TOOL_PATH, &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    Result r;
+    if (spawn_rc != 0) {
+        ADD_FAILURE() << "cannot start " << MHA_TOOL_PATH << ": " << std::strerror(spawn_rc);
+        return r;
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_text(out_path);
+    r.err = read_text(err_path);
+    return r;
+}
+
+// Bytes of a .npy file with any header (NumPy's layout: dict, space padding, '\n').
+std::vector<std::uint8_t> npy_bytes(const std::string& descr, const std::string& shape_tuple, const void* data,
+                                    std::size_t nbytes, bool fortran = false) {
+    std::string header = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") +
+                         ", 'shape': " + shape_tuple + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    // Built as a string: g++ 12 gives a false -Warray-bounds on inserting into a small braced vector.
+    std::string f("\x93NUMPY\x01\x00", 8);
+    f += static_cast<char>(header.size() & 0xff);
+    f += static_cast<char>(header.size() >> 8);
+    f += header;
+    if (nbytes) f.append(static_cast<const char*>(data), nbytes);
+    return std::vector<std::uint8_t>(f.begin(), f.end());
+}
+
+std::string tuple_of(const Shape& s) {
+    std::string t = "(";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + (s.size() == 1 ? ",)" : ")");
+}
+
+void write_bytes(const fs::path& p, const std::vector<std::uint8_t>& bytes) {
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::size_t count_of(const Shape& s) {
+    std::size_t n = 1;
+    for (std::size_t d : s) n *= d;
+    return n;
+}
+
+// Each writes the first count_of(shape) elements of v (tests keep batch 0 first, so an unbatched
+// file is batch 0 of the batched data).
+void write_f32(const fs::path& p, const std::vector<float>& v, const Shape& s) {
+    ASSERT_GE(v.size(), count_of(s));
+    mha::npy::save(p.string(), v.data(), s);
+}
+void write_f64(const fs::path& p, const std::vector<double>& v, const Shape& s) {
+    ASSERT_GE(v.size(), count_of(s));
+    write_bytes(p, npy_bytes("<f8", tuple_of(s), v.data(), count_of(s) * 8));
+}
+void write_bool(const fs::path& p, const std::vector<std::uint8_t>& v, const Shape& s, const char* descr = "|b1") {
+    ASSERT_GE(v.size(), count_of(s));
+    write_bytes(p, npy_bytes(descr, tuple_of(s), v.data(), count_of(s)));
+}
+
+std::vector<float> random_floats(std::size_t n, float amplitude, std::mt19937& rng) {
+    std::uniform_real_distribution<float> d(-amplitude, amplitude);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+std::set<std::string> listing(const fs::path& dir) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+}
+
+float max_abs(const std::vector<float>& v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float m = 0;
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+class ToolTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+        base_ = fs::temp_directory_path() / ("mha_tool_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+                                             std::to_string(::getpid()));
+        fs::remove_all(base_);
+        dir_ = base_ / "in";
+        fs::create_directories(dir_);
+    }
+    void TearDown() override {
+        if (!HasFailure()) fs::remove_all(base_);  // kept on failure, for a look
+    }
+    Result mha(const std::vector<std::string>& args) { return run_tool(args, base_ / "capture"); }
+
+    // A valid self-attention case in dir_: query [B, L, E] (or [L, E] when B == 0), weights, biases.
+    void write_valid_case(std::size_t B, std::size_t L, std::size_t E) {
+        std::mt19937 rng(7);
+        write_f32(dir_ / "query.npy", random_floats((B ? B : 1) * L * E, 1.0f, rng), B ? Shape{B, L, E} : Shape{L, E});
+        write_f32(dir_ / "in_proj_weight.npy", random_floats(3 * E * E, 0.5f, rng), {3 * E, E});
+        write_f32(dir_ / "in_proj_bias.npy", random_floats(3 * E, 0.5f, rng), {3 * E});
+        write_f32(dir_ / "out_proj.weight.npy", random_floats(E * E, 0.5f, rng), {E, E});
+        write_f32(dir_ / "out_proj.bias.npy", random_floats(E, 0.5f, rng), {E});
+    }
+
+    // The run must fail: exit code != 0, nothing on stdout, exactly one line on stderr containing
+    // `needle`, and no file created in the input folder.
+    void expect_failure(const std::vector<std::string>& args, const std::string& needle) {
+        const std::set<std::string> before = listing(dir_);
+        const Result r = mha(args);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_EQ(r.out, "");
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+        EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr: " << r.err;
+        EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+        EXPECT_EQ(listing(dir_), before) << "files were created";
+        EXPECT_FALSE(fs::exists(dir_ / "output.npy"));
+    }
+    void expect_run_failure(const std::string& needle, std::vector<std::string> extra = {}) {
+        std::vector<std::string> args{"run", "--npy", dir_.string(), "--heads", "2", "--need-weights"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        expect_failure(args, needle);
+    }
+
+    fs::path base_, dir_;
+};
+
+// --- mha run: results ----------------------------------------------------------------------------
+
+// E = 2, H = 1, in_proj = [I; I; I], out_proj = I, query rows x0 = (1, 0), x1 = (0, 1), so Q = K = V = X.
+// Scores X·Xᵀ/√2 = [[a, 0], [0, a]] with a = 1/√2; softmax rows: [p, q] and [q, p] with
+// p = eᵃ/(eᵃ + 1), q = 1/(eᵃ + 1); output = P·V·I + bias = [[p, q], [q, p]] + bias.
+// Causal: query 0 sees only key 0, so its row is [1, 0]. The float pipeline rounds about 8 times on
+// O(1) values: tolerance 8·eps·1 ≈ 1e-6.
+TEST_F(ToolTest, RunHandCheckedTinyCase) {
+    write_f32(dir_ / "query.npy", {1, 0, 0, 1}, {2, 2});
+    write_f32(dir_ / "in_proj_weight.npy", {1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1}, {6, 2});
+    write_f32(dir_ / "out_proj.weight.npy", {1, 0, 0, 1}, {2, 2});
+    write_f32(dir_ / "out_proj.bias.npy", {0.5f, -0.5f}, {2});
+    const double a = 1.0 / std::sqrt(2.0), p = std::exp(a) / (std::exp(a) + 1.0), q = 1.0 / (std::exp(a) + 1.0);
+    const double tol = 8 * FLT_EPSILON;
+    for (const char* backend : {"scalar", "simd"}) {
+        for (bool causal : {false, true}) {
+            SCOPED_TRACE(std::string(backend) + (causal ? " causal" : ""));
+            std::vector<std::string> args{"run", "--npy", dir_.string(), "--heads", "1", "--need-weights", "--backend", backend};
+            if (causal) args.push_back("--causal");
+            const Result r = mha(args);
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            EXPECT_EQ(r.err, "");
+            const mha::npy::Array out = mha::npy::load((dir_ / "output.npy").string());
+            const mha::npy::Array w = mha::npy::load((dir_ / "attn_weights.npy").string());
+            EXPECT_EQ(out.dtype, mha::npy::DType::float32);
+            EXPECT_EQ(out.shape, (Shape{2, 2}));  // unbatched in, unbatched out
+            EXPECT_EQ(w.shape, (Shape{2, 2}));
+            ASSERT_EQ(out.values.size(), 4u);
+            ASSERT_EQ(w.values.size(), 4u);
+            const std::vector<double> p0 = causal ? std::vector<double>{1, 0} : std::vector<double>{p, q};
+            const std::vector<double> want_w = {p0[0], p0[1], q, p};
+            const std::vector<double> want_out = {p0[0] + 0.5, p0[1] - 0.5, q + 0.5, p - 0.5};
+            for (int i = 0; i < 4; ++i) {
+                EXPECT_NEAR(w.values[i], want_w[i], tol) << i;
+                EXPECT_NEAR(out.values[i], want_out[i], tol) << i;
+            }
+        }
+    }
+}
+
+// The tool against mha::MultiheadAttention called here on the same arrays. Both masks, separate key
+// and value (value stored as float64: the tool must convert it to the same floats), biases, norm block.
+// Scalar backend: the same code on the same floats, so the results must be identical.
+// SIMD backend: each output goes through dot products of lengths E (in_proj), d (scores), Lk (context),
+// E (out_proj); with c = 8 the tolerance is 8·(2E + d + Lk)·eps relative to the largest value.
+struct LibraryCase {
+    bool batched;
+    bool bool_masks;      // true: |b1 key_padding_mask, |u1 [B·H, Lq, Lk] attn_mask; false: float masks [.., Lk], [Lq, Lk]
+    bool norm;
+    bool causal;
+};
+
+class ToolVsLibrary : public ToolTest, public ::testing::WithParamInterface<LibraryCase> {};
+
+TEST_P(ToolVsLibrary, SameAsLibrary) {
+    const LibraryCase c = GetParam();
+    const std::size_t B = 2, Lq = 5, Lk = 7, E = 8, H = 2, d = E / H;
+    std::mt19937 rng(42);
+    const std::vector<float> query = random_floats(B * Lq * E, 1.0f, rng);
+    const std::vector<float> key = random_floats(B * Lk * E, 1.0f, rng);
+    std::vector<double> value64(B * Lk * E);
+    for (double& x : value64) x = std::uniform_real_distribution<double>(-1, 1)(rng);
+    std::vector<float> value(value64.begin(), value64.end());  // what the tool must read: nearest floats
+    const std::vector<float> in_w = random_floats(3 * E * E, 0.5f, rng), in_b = random_floats(3 * E, 0.5f, rng);
+    const std::vector<float> out_w = random_floats(E * E, 0.5f, rng), out_b = random_floats(E, 0.5f, rng);
+    const std::vector<float> norm_w = random_floats(E, 1.0f, rng), norm_b = random_floats(E, 1.0f, rng);
+    // Key padding: key 6 of batch 0 and key 0 of batch 1 (never a whole row, so no row is all masked).
+    std::vector<std::uint8_t> kpm_bool(B * Lk, 0);
+    kpm_bool[6] = 1, kpm_bool[Lk] = 1;
+    std::vector<float> kpm_float(B * Lk);
+    for (std::size_t i = 0; i < kpm_float.size(); ++i) kpm_float[i] = kpm_bool[i] ? -1e4f : 0.25f * float(i % 3);
+    std::vector<std::uint8_t> am_bool(B * H * Lq * Lk);
+    for (std::size_t i = 0; i < am_bool.size(); ++i) am_bool[i] = (i % 5 == 3);
+    for (std::size_t bh = 0; bh < B * H; ++bh)
+        for (std::size_t i = 0; i < Lq; ++i) am_bool[(bh * Lq + i) * Lk + 1] = 0;  // key 1 stays open in every row
+    const std::vector<float> am_float = random_floats(Lq * Lk, 2.0f, rng);
+
+    const std::size_t Bf = c.batched ? B : 1;  // unbatched: only batch 0
+    const Shape qs = c.batched ? Shape{B, Lq, E} : Shape{Lq, E}, ks = c.batched ? Shape{B, Lk, E} : Shape{Lk, E};
+    write_f32(dir_ / "query.npy", query, qs);
+    write_f32(dir_ / "key.npy", key, ks);
+    write_f64(dir_ / "value.npy", value64, ks);
+    write_f32(dir_ / "in_proj_weight.npy", in_w, {3 * E, E});
+    write_f32(dir_ / "in_proj_bias.npy", in_b, {3 * E});
+    write_f32(dir_ / "out_proj.weight.npy", out_w, {E, E});
+    write_f32(dir_ / "out_proj.bias.npy", out_b, {E});
+    write_f32(dir_ / "norm.weight.npy", norm_w, {E});
+    write_f32(dir_ / "norm.bias.npy", norm_b, {E});
+    const Shape kpm_shape = c.batched ? Shape{B, Lk} : Shape{Lk};
+    if (c.bool_masks) {
+        write_bool(dir_ / "key_padding_mask.npy", kpm_bool, kpm_shape);
+        write_bool(dir_ / "attn_mask.npy", am_bool, {Bf * H, Lq, Lk}, "|u1");
+    } else {
+        write_f32(dir_ / "key_padding_mask.npy", kpm_float, kpm_shape);
+        write_f32(dir_ / "attn_mask.npy", am_float, {Lq, Lk});
+    }
+
+    // The library on the same arrays.
+    mha::AttentionWeights w{in_w.data(), in_b.data(), out_w.data(), out_b.data(), norm_w.data(), norm_b.data()};
+    const mha::MultiheadAttention attention(w, E, H);
+    mha::AttentionInputs in;
+    in.query = mha::ConstBatch(query.data(), Bf, Lq, E);
+    in.key = mha::ConstBatch(key.data(), Bf, Lk, E);
+    in.value = mha::ConstBatch(value.data(), Bf, Lk, E);
+    in.key_padding_mask = c.bool_masks ? mha::MaskView::boolean(kpm_bool.data(), Bf, Lk) : mha::MaskView::additive(kpm_float.data(), Bf, Lk);
+    in.attn_mask = c.bool_masks ? mha::MaskView::boolean(am_bool.data(), Bf * H, Lq, Lk) : mha::MaskView::additive(am_float.data(), Lq, Lk);
+    std::vector<float> want_out(Bf * Lq * E), want_w(Bf * Lq * Lk);
+    mha::ForwardOptions fo;
+    fo.causal = c.causal;
+    fo.need_weights = mha::NeedWeights::averaged;
+    if (c.norm) fo.norm_eps = 1e-5f;
+    fo.backend = mha::Backend::scalar;
+    attention.forward(in, {mha::Batch(want_out.data(), Bf, Lq, E), want_w.data()}, fo);
+
+    for (const char* backend : {"scalar", "simd"}) {
+        SCOPED_TRACE(backend);
+        // Written away from the inputs with --out; attn_weights.npy lands next to it.
+        const fs::path out_dir = base_ / (std::string("out_") + backend);
+        fs::create_directories(out_dir);
+        std::vector<std::string> args{"run", "--npy", dir_.string(), "--heads", std::to_string(H), "--need-weights",
+                                      "--backend", backend, "--threads", "2", "--out", (out_dir / "result.npy").string()};
+        if (c.causal) args.push_back("--causal");
+        if (c.norm) args.insert(args.end(), {"--norm-eps", "1e-5"});
+        const Result r = mha(args);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.err, "");
+        EXPECT_FALSE(fs::exists(dir_ / "output.npy"));
+        const mha::npy::Array got = mha::npy::load((out_dir / "result.npy").string());
+        const mha::npy::Array got_w = mha::npy::load((out_dir / "attn_weights.npy").string());
+        EXPECT_EQ(got.shape, qs);
+        EXPECT_EQ(got_w.shape, c.batched ? (Shape{B, Lq, Lk}) : (Shape{Lq, Lk}));
+        if (std::string(backend) == "scalar") {
+            EXPECT_EQ(got.values, want_out);
+            EXPECT_EQ(got_w.values, want_w);
+        } else {
+            const float rel = 8.0f * float(2 * E + d + Lk) * FLT_EPSILON;
+            EXPECT_LE(max_abs_diff(got.values, want_out), rel * max_abs(want_out));
+            EXPECT_LE(max_abs_diff(got_w.values, want_w), rel * 1.0f);  // probabilities are at most 1
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ToolVsLibrary,
+                         ::testing::Values(LibraryCase{true, true, false, false}, LibraryCase{true, false, true, true},
+                                           LibraryCase{false, true, true, false}, LibraryCase{false, false, false, true}),
+                         [](const ::testing::TestParamInfo<LibraryCase>& i) {
+                             const LibraryCase& c = i.param;
+                             return std::string(c.batched ? "batched" : "unbatched") + (c.bool_masks ? "_boolmasks" : "_floatmasks") +
+                                    (c.norm ? "_norm" : "") + (c.causal ? "_causal" : "");
+                         });
+
+TEST_F(ToolTest, RunWithoutNeedWeightsWritesOnlyOutput) {
+    write_valid_case(2, 3, 4);
+    const Result r = mha({"run", "--npy", dir_.string(), "--heads", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_TRUE(fs::exists(dir_ / "output.npy"));
+    EXPECT_FALSE(fs::exists(dir_ / "attn_weights.npy"));
+    EXPECT_EQ(mha::npy::load((dir_ / "output.npy").string()).shape, (Shape{2, 3, 4}));
+}
+
+// --- mha run: bad input --------------------------------------------------------------------------
+
+TEST_F(ToolTest, RejectsFortranOrder) {
+    write_valid_case(1, 2, 4);
+    const std::vector<float> q(8, 1.0f);
+    write_bytes(dir_ / "query.npy", npy_bytes("<f4", "(1, 2, 4)", q.data(), 32, true));
+    expect_run_failure("Fortran order");
+}
+
+TEST_F(ToolTest, RejectsBigEndian) {
+    write_valid_case(1, 2, 4);
+    const std::vector<float> q(8, 1.0f);
+    write_bytes(dir_ / "query.npy", npy_bytes(">f4", "(1, 2, 4)", q.data(), 32));
+    expect_run_failure("big-endian");
+}
+
+TEST_F(ToolTest, RejectsOtherDtype) {
+    write_valid_case(1, 2, 4);
+    const std::vector<std::int32_t> q(8, 1);
+    write_bytes(dir_ / "query.npy", npy_bytes("<i4", "(1, 2, 4)", q.data(), 32));
+    expect_run_failure("'<i4' is not supported");
+}
+
+TEST_F(ToolTest, RejectsBoolWhereFloatIsNeeded) {
+    write_valid_case(1, 2, 4);
+    write_bool(dir_ / "in_proj_bias.npy", std::vector<std::uint8_t>(12, 0), {12});
+    expect_run_failure("in_proj_bias.npy has dtype bool");
+}
+
+TEST_F(ToolTest, RejectsWrongRank) {
+    write_valid_case(1, 2, 4);
+    write_f32(dir_ / "query.npy", std::vector<float>(8, 1.0f), {8});
+    expect_run_failure("query.npy has shape [8] but must be [B, Lq, E] or [Lq, E]");
+    write_f32(dir_ / "query.npy", std::vector<float>(8, 1.0f), {1, 1, 2, 4});
+    expect_run_failure("query.npy has shape [1, 1, 2, 4]");
+}
+
+TEST_F(ToolTest, RejectsTruncatedFile) {
+    write_valid_case(2, 3, 4);
+    std::vector<std::uint8_t> bytes;
+    {
+        const std::string s = read_text(dir_ / "query.npy");
+        bytes.assign(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2 + 70));  // cut inside the data
+    }
+    write_bytes(dir_ / "query.npy", bytes);
+    expect_run_failure("query.npy: data is");
+    write_bytes(dir_ / "query.npy", std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + 30));  // cut inside the header
+    expect_run_failure("query.npy: header length");
+}
+
+TEST_F(ToolTest, RejectsMalformedHeader) {
+    write_valid_case(1, 2, 4);
+    const std::vector<float> w(4, 1.0f);
+    write_bytes(dir_ / "out_proj.bias.npy", npy_bytes("<f4", "(4)", w.data(), 16));  // (4) is not a tuple
+    expect_run_failure("out_proj.bias.npy: malformed header");
+}
+
+TEST_F(ToolTest, RejectsHeaderThatLiesAboutTheSize) {
+    write_valid_case(1, 2, 4);
+    const std::vector<float> q(8, 1.0f);
+    write_bytes(dir_ / "query.npy", npy_bytes("<f4", "(1, 3, 4)", q.data(), 32));  // claims 12 floats, has 8
+    expect_run_failure("query.npy: data is 32 bytes but shape [1, 3, 4] of float32 needs 48");
+}
+
+TEST_F(ToolTest, RejectsShapeWhoseElementCountOverflows) {
+    write_valid_case(1, 2, 4);
+    write_bytes(dir_ / "query.npy", npy_bytes("<f4", "(4294967296, 4294967296, 4)", nullptr, 0));
+    expect_run_failure("overflows");
+}
+
+TEST_F(ToolTest, RejectsInProjWeightShape) {
+    write_valid_case(1, 2, 4);
+    write_f32(dir_ / "in_proj_weight.npy", std::vector<float>(48, 0.0f), {4, 12});
+    expect_run_failure("in_proj_weight.npy has shape [4, 12] but must be [3E, E] (E = 4 from query.npy) = [12, 4]");
+}
+
+TEST_F(ToolTest, RejectsOutProjShapes) {
+    write_valid_case(1, 2, 4);
+    write_f32(dir_ / "out_proj.weight.npy", std::vector<float>(12, 0.0f), {4, 3});
+    expect_run_failure("out_proj.weight.npy has shape [4, 3]");
+    write_valid_case(1, 2, 4);
+    write_f32(dir_ / "out_proj.bias.npy", std::vector<float>(5, 0.0f), {5});
+    expect_run_failure("out_proj.bias.npy has shape [5]");
+}
+
+TEST_F(ToolTest, RejectsKeyThatDisagreesWithQuery) {
+    write_valid_case(2, 3, 4);
+    write_f32(dir_ / "key.npy", std::vector<float>(2 * 5 * 6, 0.0f), {2, 5, 6});  // E 6 != 4
+    expect_run_failure("key.npy has shape [2, 5, 6] but query.npy has shape [2, 3, 4]");
+    write_f32(dir_ / "key.npy", std::vector<float>(3 * 5 * 4, 0.0f), {3, 5, 4});  // B 3 != 2
+    expect_run_failure("key.npy has shape [3, 5, 4]");
+    write_f32(dir_ / "key.npy", std::vector<float>(5 * 4, 0.0f), {5, 4});  // unbatched key, batched query
+    expect_run_failure("key.npy has shape [5, 4]");
+}
+
+TEST_F(ToolTest, RejectsValueThatDisagreesWithKey) {
+    write_valid_case(2, 3, 4);
+    write_f32(dir_ / "key.npy", std::vector<float>(2 * 5 * 4, 0.0f), {2, 5, 4});
+    write_f32(dir_ / "value.npy", std::vector<float>(2 * 6 * 4, 0.0f), {2, 6, 4});
+    expect_run_failure("value.npy has shape [2, 6, 4] but key.npy has shape [2, 5, 4]");
+}
+
+TEST_F(ToolTest, RejectsKeyPaddingMaskShape) {
+    write_valid_case(2, 3, 4);
+    write_bool(dir_ / "key_padding_mask.npy", std::vector<std::uint8_t>(4, 0), {2, 2});
+    expect_run_failure("key_padding_mask.npy has shape [2, 2] but must be [B, Lk] = [2, 3]");
+}
+
+TEST_F(ToolTest, RejectsAttnMaskShape) {
+    write_valid_case(2, 3, 4);
+    write_f32(dir_ / "attn_mask.npy", std::vector<float>(3 * 4, 0.0f), {3, 4});
+    expect_run_failure("attn_mask.npy has shape [3, 4] but must be [Lq, Lk] = [3, 3] or [B·H, Lq, Lk]");
+    write_bool(dir_ / "attn_mask.npy", std::vector<std::uint8_t>(2 * 3 * 3, 0), {2, 3, 3});  // B·H = 4
+    expect_run_failure("attn_mask.npy has shape [2, 3, 3]");
+}
+
+TEST_F(ToolTest, RejectsHeadsThatDoNotDivideEmbedDim) {  // found by the library (mha::invalid_argument)
+    write_valid_case(1, 2, 4);
+    expect_failure({"run", "--npy", dir_.string(), "--heads", "3"}, "embed_dim 4 is not a multiple of num_heads 3");
+}
+
+TEST_F(ToolTest, RejectsNegativeNormEps) {  // found by the library
+    write_valid_case(1, 2, 4);
+    expect_run_failure("norm_eps", {"--norm-eps", "-1"});
+}
+
+TEST_F(ToolTest, RejectsUnknownFlag) {
+    write_valid_case(1, 2, 4);
+    expect_run_failure("--frobnicate", {"--frobnicate"});
+}
+
+TEST_F(ToolTest, RejectsBadFlagValues) {
+    write_valid_case(1, 2, 4);
+    expect_run_failure("--backend", {"--backend", "avx"});
+    expect_run_failure("--impl", {"--impl", "fast"});
+    expect_run_failure("--threads", {"--threads", "-1"});
+    expect_failure({"run", "--npy", dir_.string(), "--heads", "0"}, "--heads");
+    expect_failure({"run", "--npy", dir_.string()}, "--heads is required");
+    expect_failure({"run", "--heads", "2"}, "--npy is required");
+    expect_failure({}, "subcommand");
+}
+
+TEST_F(ToolTest, RejectsMissingRequiredFiles) {
+    for (const char* file : {"query.npy", "in_proj_weight.npy", "out_proj.weight.npy"}) {
+        SCOPED_TRACE(file);
+        write_valid_case(1, 2, 4);
+        fs::remove(dir_ / file);
+        expect_run_failure(std::string(file) + ": required input is missing");
+    }
+}
+
+TEST_F(ToolTest, RejectsNpyPathThatIsNotAFolder) {
+    expect_failure({"run", "--npy", (dir_ / "nowhere").string(), "--heads", "1"}, "not a folder");
+}
+
+TEST_F(ToolTest, RejectsOutputInMissingFolder) {
+    write_valid_case(1, 2, 4);
+    expect_run_failure("does not exist", {"--out", (base_ / "no" / "such" / "out.npy").string()});
+}
+
+TEST_F(ToolTest, RejectsOutputNamedLikeTheWeights) {
+    write_valid_case(1, 2, 4);
+    expect_run_failure("would be overwritten", {"--out", (dir_ / "attn_weights.npy").string()});
+}
+
+// --- mha --version, --help -----------------------------------------------------------------------
+
+TEST_F(ToolTest, Version) {
+    const Result r = mha({"--version"});
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_EQ(r.out, std::string(mha::version()) + "\n");
+    EXPECT_EQ(r.err, "");
+}
+
+TEST_F(ToolTest, Help) {
+    const Result r = mha({"--help"});
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("run"), std::string::npos);
+    EXPECT_NE(r.out.find("bench"), std::string::npos);
+    const Result run_help = mha({"run", "--help"});
+    EXPECT_EQ(run_help.exit_code, 0);
+    EXPECT_NE(run_help.out.find("--need-weights"), std::string::npos);
+}
+
+// --- mha bench -----------------------------------------------------------------------------------
+
+class BenchTest : public ToolTest {
+protected:
+    // Runs `mha bench --json ...`; its stdout must be exactly one line holding one JSON object.
+    nlohmann::json bench(std::vector<std::string> args) {
+        args.insert(args.begin(), {"bench", "--json", "--reps", "3"});
+        const Result r = mha(args);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.err, "");
+        EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+        nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+        EXPECT_TRUE(j.is_object()) << r.out;
+        if (!j.is_object()) return nlohmann::json::object();
+        const std::string isa = std::string(mha::isa_name(mha::active_isa()));
+        for (const char* field : {"op", "backend", "isa", "threads", "reps", "ms_median", "ms_min"})
+            EXPECT_TRUE(j.contains(field)) << field << " missing in " << r.out;
+        EXPECT_EQ(j.value("reps", 0), 3);
+        EXPECT_EQ(j.value("isa", ""), j.value("backend", "") == "scalar" ? std::string("scalar") : isa);
+        EXPECT_TRUE(j["ms_min"].is_number() && j["ms_median"].is_number());
+        EXPECT_GT(j.value("ms_min", 0.0), 0.0);
+        EXPECT_LE(j.value("ms_min", 0.0), j.value("ms_median", 0.0));
+        EXPECT_GE(j.value("threads", 0), 1);
+        return j;
+    }
+};
+
+TEST_F(BenchTest, AttentionJson) {
+    const nlohmann::json j = bench({"--op", "attention", "--batch", "2", "--seq", "16", "--kv-seq", "8", "--embed", "32",
+                                    "--heads", "4", "--threads", "1", "--impl", "materialized"});
+    EXPECT_EQ(j.value("op", ""), "attention");
+    EXPECT_EQ(j.value("backend", ""), "simd");
+    EXPECT_EQ(j.value("impl", ""), "materialized");
+    EXPECT_EQ(j.value("threads", 0), 1);
+    EXPECT_EQ(j.value("batch", 0), 2);
+    EXPECT_EQ(j.value("seq", 0), 16);
+    EXPECT_EQ(j.value("kv_seq", 0), 8);
+    EXPECT_EQ(j.value("embed", 0), 32);
+    EXPECT_EQ(j.value("heads", 0), 4);
+    ASSERT_TRUE(j.contains("gflops") && j["gflops"].is_number());
+    // gflops is computed from the median time: 4·B·E²·(Lq+Lk) + 4·B·Lq·Lk·E flops.
+    const double flops = 4.0 * 2 * 32 * 32 * (16 + 8) + 4.0 * 2 * 16 * 8 * 32;
+    EXPECT_NEAR(j["gflops"].get<double>(), flops / (j["ms_median"].get<double>() * 1e-3) / 1e9, 1e-6 * j["gflops"].get<double>());
+}
+
+TEST_F(BenchTest, AttentionDefaults) {
+    const nlohmann::json j = bench({"--op", "attention", "--backend", "scalar", "--seq", "8"});
+    EXPECT_EQ(j.value("backend", ""), "scalar");
+    EXPECT_EQ(j.value("impl", ""), "auto");
+    EXPECT_EQ(j.value("batch", 0), 8);
+    EXPECT_EQ(j.value("kv_seq", 0), 8);  // defaults to --seq
+    EXPECT_EQ(j.value("embed", 0), 768);
+    EXPECT_EQ(j.value("heads", 0), 12);
+}
+
+TEST_F(BenchTest, GemmJson) {
+    const nlohmann::json j = bench({"--op", "gemm", "--m", "33", "--n", "17", "--k", "9"});
+    EXPECT_EQ(j.value("op", ""), "gemm");
+    EXPECT_EQ(j.value("threads", 0), 1);
+    EXPECT_EQ(j.value("m", 0), 33);
+    EXPECT_EQ(j.value("n", 0), 17);
+    EXPECT_EQ(j.value("k", 0), 9);
+    ASSERT_TRUE(j.contains("gflops"));
+    EXPECT_NEAR(j["gflops"].get<double>(), 2.0 * 33 * 17 * 9 / (j["ms_median"].get<double>() * 1e-3) / 1e9,
+                1e-6 * j["gflops"].get<double>());
+    EXPECT_FALSE(j.contains("gbps"));
+}
+
+TEST_F(BenchTest, SoftmaxJson) {
+    const nlohmann::json j = bench({"--op", "softmax", "--rows", "8", "--cols", "100", "--threads", "1"});
+    EXPECT_EQ(j.value("op", ""), "softmax");
+    EXPECT_EQ(j.value("rows", 0), 8);
+    EXPECT_EQ(j.value("cols", 0), 100);
+    ASSERT_TRUE(j.contains("gbps"));
+    EXPECT_NEAR(j["gbps"].get<double>(), 2.0 * 8 * 100 * 4 / (j["ms_median"].get<double>() * 1e-3) / 1e9,
+                1e-6 * j["gbps"].get<double>());
+    EXPECT_FALSE(j.contains("gflops"));
+}
+
+TEST_F(BenchTest, LayernormJsonDefaults) {
+    const nlohmann::json j = bench({"--op", "layernorm", "--backend", "scalar"});
+    EXPECT_EQ(j.value("op", ""), "layernorm");
+    EXPECT_EQ(j.value("rows", 0), 1024);
+    EXPECT_EQ(j.value("cols", 0), 768);
+    EXPECT_TRUE(j.contains("gbps"));
+}
+
+TEST_F(BenchTest, ReadableLine) {
+    const Result r = mha({"bench", "--op", "softmax", "--rows", "4", "--cols", "8", "--reps", "2"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("GB/s"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchTest, Errors) {
+    expect_failure({"bench", "--op", "gemm", "--threads", "2"}, "single-threaded");
+    expect_failure({"bench", "--op", "softmax", "--threads", "0"}, "single-threaded");
+    expect_failure({"bench", "--op", "softmax", "--m", "4"}, "--m does not apply to --op softmax");
+    expect_failure({"bench", "--op", "gemm", "--causal"}, "--causal does not apply to --op gemm");
+    expect_failure({"bench", "--op", "conv"}, "--op");
+    expect_failure({"bench", "--op", "attention", "--embed", "10", "--heads", "3", "--seq", "4"}, "not a multiple");
+    expect_failure({"bench", "--op", "gemm", "--m", "0"}, "--m");
+    expect_failure({"bench"}, "--op is required");
+}
+
+// --- PyTorch fixtures (tests/data/<case>/, written by tests/data's generator) ---------------------
+
+TEST_F(ToolTest, PyTorchFixtures) {
+    const fs::path data(MHA_TEST_DATA_DIR);
+    std::vector<fs::path> cases;
+    if (fs::is_directory(data))
+        for (const auto& e : fs::directory_iterator(data))
+            if (fs::exists(e.path() / "args.json")) cases.push_back(e.path());
+    std::sort(cases.begin(), cases.end());
+    if (cases.empty()) GTEST_SKIP() << "no fixtures (<case>/args.json) in " << data;
+    int checked = 0;
+    for (const fs::path& c : cases) {
+        SCOPED_TRACE(c.filename().string());
+        const nlohmann::json args = nlohmann::json::parse(read_text(c / "args.json"));
+        const std::string need = args.value("need_weights", "none");
+        if (need == "per_head") continue;  // the tool writes only averaged weights
+        for (const char* backend : {"scalar", "simd"}) {
+            SCOPED_TRACE(backend);
+            const fs::path out_dir = base_ / c.filename() / backend;
+            fs::create_directories(out_dir);
+            std::vector<std::string> argv{"run", "--npy", c.string(), "--heads", std::to_string(args.at("heads").get<int>()),
+                                          "--backend", backend, "--out", (out_dir / "output.npy").string()};
+            if (args.value("causal", false)) argv.push_back("--causal");
+            if (need == "averaged") argv.push_back("--need-weights");
+            if (args.contains("norm_eps") && !args["norm_eps"].is_null()) {
+                char eps[64];
+                std::snprintf(eps, sizeof eps, "%.9g", args["norm_eps"].get<double>());
+                argv.insert(argv.end(), {"--norm-eps", eps});
+            }
+            const Result r = mha(argv);
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            const auto compare = [](const fs::path& got_path, const fs::path& want_path) {
+                const mha::npy::Array got = mha::npy::load(got_path.string());
+                const mha::npy::Array want = mha::npy::load(want_path.string());
+                EXPECT_EQ(got.shape, want.shape) << got_path;
+                const float scale = max_abs(want.values);
+                EXPECT_LE(max_abs_diff(got.values, want.values), 1e-5f * scale) << got_path;
+            };
+            compare(out_dir / "output.npy", c / "expected_output.npy");
+            if (need == "averaged") compare(out_dir / "attn_weights.npy", c / "expected_attn_weights.npy");
+            ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0) << "every fixture asks for per-head weights";
+}
+
+}  // namespace

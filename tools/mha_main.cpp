@@ -1,0 +1,136 @@
+// The `mha` command-line tool: `mha run` (attention on .npy files), `mha bench` (time one op),
+// `mha --version`, `mha --help`. Flags are parsed by CLI11. Every error, from the flags or from the
+// work, is reported as exactly one line on stderr with a nonzero exit code.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <map>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <mha/mha.hpp>
+
+#include "commands.hpp"
+
+namespace {
+
+using namespace mha::tool;
+
+// One line, whatever the message holds (paths and library messages could contain newlines).
+void print_error(const std::string& where, const std::string& message) {
+    std::string line = where + ": error: " + message;
+    for (char& c : line)
+        if (c == '\n' || c == '\r') c = ' ';
+    std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+const std::map<std::string, mha::Backend> backend_names{{"scalar", mha::Backend::scalar}, {"simd", mha::Backend::simd}};
+const std::map<std::string, mha::Impl> impl_names{
+    {"auto", mha::Impl::automatic}, {"materialized", mha::Impl::materialized}, {"fused", mha::Impl::fused}};
+const std::map<std::string, BenchOp> op_names{
+    {"attention", BenchOp::attention}, {"gemm", BenchOp::gemm}, {"softmax", BenchOp::softmax}, {"layernorm", BenchOp::layernorm}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"mha: multi-head attention on CPUs (torch.nn.MultiheadAttention semantics, batch_first, eval)", "mha"};
+    app.set_version_flag("--version", std::string(mha::version()), "Print the library version and exit");
+    app.require_subcommand(1);
+
+    const CLI::Range thread_count(0, std::numeric_limits<int>::max());
+
+    // --- mha run ------------------------------------------------------------------------------
+    RunOptions run_opts;
+    float norm_eps = 0.0f;
+    CLI::App* run = app.add_subcommand("run", "Run attention on PyTorch-named .npy files and write output.npy");
+    run->add_option("--npy", run_opts.npy_dir,
+                    "Folder with query.npy, in_proj_weight.npy, out_proj.weight.npy (required) and optionally "
+                    "key.npy, value.npy, in_proj_bias.npy, out_proj.bias.npy, key_padding_mask.npy, attn_mask.npy, "
+                    "norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
+        ->required();
+    run->add_option("--heads", run_opts.heads, "Number of heads H (must divide the embed dim)")->required()->check(CLI::PositiveNumber);
+    run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
+    CLI::Option* norm_opt = run->add_option("--norm-eps", norm_eps, "Apply the post-norm block LayerNorm(out + query) with this eps");
+    run->add_flag("--need-weights", run_opts.need_weights, "Also write attn_weights.npy (averaged over heads) next to the output");
+    std::string run_backend = "simd", run_impl = "auto";
+    run->add_option("--backend", run_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
+    run->add_option("--threads", run_opts.threads, "Threads (0: all cores)")->check(thread_count);
+    run->add_option("--impl", run_impl, "Attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names));
+    run->add_option("--out", run_opts.out, "Output file (default: <npy dir>/output.npy)");
+
+    // --- mha bench ----------------------------------------------------------------------------
+    BenchOptions bench_opts;
+    std::size_t kv_seq = 0;
+    int threads = 0;
+    CLI::App* bench = app.add_subcommand("bench", "Time one op on random inputs (one warm-up, then --reps timed runs)");
+    std::string bench_op, bench_backend = "simd", bench_impl = "auto";
+    bench->add_option("--op", bench_op, "The op to time: attention, gemm, softmax or layernorm")->required()->check(CLI::IsMember(op_names));
+    // Options that only make sense for some ops; giving one to another op is an error.
+    std::vector<std::pair<CLI::Option*, std::vector<BenchOp>>> op_specific;
+    auto only_for = [&](CLI::Option* o, std::vector<BenchOp> ops) { op_specific.emplace_back(o, std::move(ops)); };
+    const std::vector<BenchOp> attention{BenchOp::attention};
+    only_for(bench->add_option("--batch", bench_opts.batch, "attention: batch B (default 8)")->check(CLI::PositiveNumber), attention);
+    only_for(bench->add_option("--seq", bench_opts.seq, "attention: query length L (default 128)")->check(CLI::PositiveNumber), attention);
+    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention: key/value length (default: --seq)")->check(CLI::PositiveNumber);
+    only_for(kv_opt, attention);
+    only_for(bench->add_option("--embed", bench_opts.embed, "attention: embed dim E (default 768)")->check(CLI::PositiveNumber), attention);
+    only_for(bench->add_option("--heads", bench_opts.heads, "attention: heads H (default 12)")->check(CLI::PositiveNumber), attention);
+    only_for(bench->add_flag("--causal", bench_opts.causal, "attention: causal mask"), attention);
+    only_for(bench->add_option("--impl", bench_impl, "attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names)),
+             attention);
+    only_for(bench->add_option("--m", bench_opts.m, "gemm: rows of A and C (default 1024)")->check(CLI::PositiveNumber), {BenchOp::gemm});
+    only_for(bench->add_option("--n", bench_opts.n, "gemm: rows of B, cols of C (default 2304)")->check(CLI::PositiveNumber), {BenchOp::gemm});
+    only_for(bench->add_option("--k", bench_opts.k, "gemm: reduction length (default 768)")->check(CLI::PositiveNumber), {BenchOp::gemm});
+    only_for(bench->add_option("--rows", bench_opts.rows, "softmax/layernorm: rows (default 1024)")->check(CLI::PositiveNumber),
+             {BenchOp::softmax, BenchOp::layernorm});
+    only_for(bench->add_option("--cols", bench_opts.cols, "softmax/layernorm: cols (default 768)")->check(CLI::PositiveNumber),
+             {BenchOp::softmax, BenchOp::layernorm});
+    bench->add_option("--backend", bench_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
+    CLI::Option* threads_opt = bench->add_option("--threads", threads,
+                                                 "Threads (attention: 0 = all cores, the default; the kernels are "
+                                                 "single-threaded and accept only 1)")
+                                   ->check(thread_count);
+    bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(CLI::PositiveNumber);
+    bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+        const CLI::App* sub = *run ? run : *bench ? bench : nullptr;
+        print_error(sub ? "mha " + sub->get_name() : std::string("mha"), std::string(e.what()) + " (see --help)");
+        return e.get_exit_code();
+    }
+
+    const std::string where = "mha " + app.get_subcommands().front()->get_name();
+    try {
+        if (*run) {
+            if (norm_opt->count() > 0) run_opts.norm_eps = norm_eps;
+            run_opts.backend = backend_names.at(run_backend);
+            run_opts.impl = impl_names.at(run_impl);
+            run_command(run_opts);
+        } else {
+            bench_opts.op = op_names.at(bench_op);
+            bench_opts.backend = backend_names.at(bench_backend);
+            bench_opts.impl = impl_names.at(bench_impl);
+            for (const auto& [opt, ops] : op_specific) {
+                if (opt->count() == 0) continue;
+                if (std::find(ops.begin(), ops.end(), bench_opts.op) == ops.end())
+                    throw tool_error(opt->get_name() + " does not apply to --op " + bench_op);
+            }
+            if (kv_opt->count() > 0) bench_opts.kv_seq = kv_seq;
+            if (threads_opt->count() > 0) bench_opts.threads = threads;
+            bench_command(bench_opts);
+        }
+    } catch (const std::bad_alloc&) {
+        print_error(where, "out of memory for the requested shapes");
+        return 1;
+    } catch (const std::exception& e) {
+        print_error(where, e.what());
+        return 1;
+    }
+    return 0;
+}
