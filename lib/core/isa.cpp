@@ -1,9 +1,11 @@
-// Run-time ISA detection (cpuid through xsimd) and the cap set by MHA_ISA or set_isa_cap.
+// Run-time ISA detection (cpuid and the OS-enabled register state in XCR0) and the cap set by MHA_ISA
+// or set_isa_cap.
+#include <cpuid.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
-
-#include <xsimd/config/xsimd_cpuid.hpp>
 
 #include "mha/error.hpp"
 #include "mha/isa.hpp"
@@ -43,12 +45,24 @@ Isa parse_isa(std::string_view name) {
     throw invalid_argument("isa '" + std::string(name) + "' is not one of sse2, avx2, avx512");
 }
 
+// xsimd 8.1's detection reads cpuid feature bits only: it does not check that the OS saves the YMM/ZMM
+// state (XCR0), nor AVX512VL, which the AVX-512 TUs are compiled for. Hence our own check.
 Isa detected_isa() noexcept {
     static const Isa best = [] {
-        const auto a = xsimd::available_architectures();
-        if (a.avx512f && a.avx512cd && a.avx512dq && a.avx512bw) return Isa::avx512;
-        if (a.fma3_avx2) return Isa::avx2;
-        return Isa::sse2;
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return Isa::sse2;
+        const bool fma = (ecx >> 12 & 1) != 0, osxsave = (ecx >> 27 & 1) != 0, avx = (ecx >> 28 & 1) != 0;
+        if (!osxsave || !avx || !fma) return Isa::sse2;
+        std::uint32_t xcr0_lo = 0, xcr0_hi = 0;
+        __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+        const std::uint64_t xcr0 = (std::uint64_t{xcr0_hi} << 32) | xcr0_lo;
+        if ((xcr0 & 0x6) != 0x6) return Isa::sse2;  // XMM and YMM state
+        if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return Isa::sse2;
+        if ((ebx >> 5 & 1) == 0) return Isa::sse2;  // AVX2
+        const bool avx512 = (ebx >> 16 & 1) && (ebx >> 17 & 1) && (ebx >> 28 & 1) && (ebx >> 30 & 1) &&
+                            (ebx >> 31 & 1);  // F, DQ, CD, BW, VL
+        const bool zmm_state = (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM0-15 upper halves, ZMM16-31
+        return avx512 && zmm_state ? Isa::avx512 : Isa::avx2;
     }();
     return best;
 }

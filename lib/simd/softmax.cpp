@@ -1,0 +1,13 @@
+// mha::simd::softmax_row: resolves the ISA once per call (mha::active_isa(), an atomic load) and runs
+// that ISA's softmax_kernel. Baseline TU: it only calls the kernels the ISA TUs instantiated.
+#include "softmax.hpp"
+#include "simd.hpp"
+
+namespace mha::simd {
+
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
+                 const float* mask1) noexcept {
+    dispatch(active_isa(), softmax_kernel{}, x, n, n_valid, scale, mask0, mask1);
+}
+
+}  // namespace mha::simd

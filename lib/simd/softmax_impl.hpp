@@ -1,0 +1,153 @@
+// Row softmax on one ISA: the definition of softmax_kernel::operator(), included only by the
+// softmax_<isa>.cpp TUs. In place on x[0, n):
+//   z_j = scale·x_j (+ mask0_j) (+ mask1_j) for j < n_valid,
+//   x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, x_j = 0 for n_valid <= j < n;
+//   a row whose z are all -inf (or n_valid == 0) becomes 0. NaN in z makes the row's valid entries NaN,
+//   as in the reference (the max skips NaN, the sum does not).
+// Preconditions: n_valid <= n; the masks (if non-null) hold n_valid floats and do not overlap x.
+// Three passes over the row, which stays in L1/L2 (n <= 8192):
+//   1. z = scale·x + masks, stored over x, running max;  2. e = exp(z − max), stored, running sum;
+//   3. x *= 1/sum.  Tails use masked loads/stores on AVX-512 and a padded stack buffer elsewhere.
+// Every helper is a template on Arch (or exists only in the AVX-512 TU), so no weak symbol compiled
+// with one ISA's flags can be picked by the linker for another ISA's path.
+#pragma once
+#include <cstddef>
+#include <limits>
+
+#include "softmax.hpp"
+
+namespace mha::simd {
+namespace softmax_detail {
+
+template <class Arch>
+using batch = xsimd::batch<float, Arch>;
+
+// Lane numbers, to build the "lane < k" mask of a tail.
+alignas(64) inline constexpr float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// Lanes [0, k) from p, the others `fill`; k < batch size. Reads only p[0, k).
+template <class Arch>
+batch<Arch> load_head(Arch, const float* p, std::size_t k, float fill) noexcept {
+    alignas(64) float buf[batch<Arch>::size];
+    for (std::size_t i = 0; i < batch<Arch>::size; ++i) buf[i] = i < k ? p[i] : fill;
+    return batch<Arch>::load_aligned(buf);
+}
+
+// Writes lanes [0, k) of v to p; k < batch size. Writes only p[0, k).
+template <class Arch>
+void store_head(Arch, const batch<Arch>& v, float* p, std::size_t k) noexcept {
+    alignas(64) float buf[batch<Arch>::size];
+    v.store_aligned(buf);
+    for (std::size_t i = 0; i < k; ++i) p[i] = buf[i];
+}
+
+// Largest lane (lanes are never NaN here).
+template <class Arch>
+float reduce_max(Arch, const batch<Arch>& v) noexcept {
+    alignas(64) float buf[batch<Arch>::size];
+    v.store_aligned(buf);
+    float m = buf[0];
+    for (std::size_t i = 1; i < batch<Arch>::size; ++i) m = buf[i] > m ? buf[i] : m;
+    return m;
+}
+
+#if defined(__AVX512F__)
+// Only the AVX-512 TU sees these; overload resolution prefers them to the templates above.
+inline __mmask16 head_mask(std::size_t k) noexcept { return static_cast<__mmask16>((1u << k) - 1u); }
+inline batch<arch_avx512> load_head(arch_avx512, const float* p, std::size_t k, float fill) noexcept {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), head_mask(k), p);
+}
+inline void store_head(arch_avx512, const batch<arch_avx512>& v, float* p, std::size_t k) noexcept {
+    _mm512_mask_storeu_ps(p, head_mask(k), v);
+}
+inline float reduce_max(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_max_ps(v); }
+#endif
+
+}  // namespace softmax_detail
+
+template <class Arch>
+void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale,
+                                const float* mask0, const float* mask1) const noexcept {
+    using B = softmax_detail::batch<Arch>;
+    using softmax_detail::load_head;
+    using softmax_detail::store_head;
+    constexpr std::size_t W = B::size;
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    const std::size_t body = n_valid - n_valid % W;  // whole batches; the rest is the tail
+    const std::size_t tail = n_valid - body;
+
+    // Pass 1: z and its max. xsimd::max(z, m) is maxps, which returns its second operand when either is
+    // NaN: a NaN z leaves m unchanged, exactly like the reference's `if (z > max) max = z`.
+    const B vscale(scale);
+    auto add_masks = [&](B z, std::size_t j) noexcept {
+        if (mask0) z += B::load_unaligned(mask0 + j);
+        if (mask1) z += B::load_unaligned(mask1 + j);
+        return z;
+    };
+    B max_a(neg_inf), max_b(neg_inf);  // two chains hide the max latency
+    std::size_t j = 0;
+    for (; j + 2 * W <= body; j += 2 * W) {
+        const B za = add_masks(vscale * B::load_unaligned(x + j), j);
+        const B zb = add_masks(vscale * B::load_unaligned(x + j + W), j + W);
+        za.store_unaligned(x + j);
+        zb.store_unaligned(x + j + W);
+        max_a = xsimd::max(za, max_a);
+        max_b = xsimd::max(zb, max_b);
+    }
+    for (; j < body; j += W) {
+        const B z = add_masks(vscale * B::load_unaligned(x + j), j);
+        z.store_unaligned(x + j);
+        max_a = xsimd::max(z, max_a);
+    }
+    if (tail != 0) {
+        B z = vscale * load_head(arch, x + body, tail, 0.0f);
+        if (mask0) z += load_head(arch, mask0 + body, tail, 0.0f);
+        if (mask1) z += load_head(arch, mask1 + body, tail, 0.0f);
+        store_head(arch, z, x + body, tail);
+        // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
+        const auto in_tail = B::load_aligned(softmax_detail::lane_index) < B(static_cast<float>(tail));
+        max_b = xsimd::max(xsimd::select(in_tail, z, B(neg_inf)), max_b);
+    }
+    const float max = softmax_detail::reduce_max(arch, xsimd::max(max_a, max_b));
+
+    if (max == neg_inf) {  // all -inf, all NaN, or n_valid == 0: the row is 0
+        const B zero(0.0f);
+        for (j = 0; j + W <= n; j += W) zero.store_unaligned(x + j);
+        if (j < n) store_head(arch, zero, x + j, n - j);
+        return;
+    }
+
+    // Pass 2: e = exp(z − max) and Σ e. Tail lanes load -inf, so they add exp(-inf) = 0.
+    const B vmax(max);
+    B sum_a(0.0f), sum_b(0.0f);
+    for (j = 0; j + 2 * W <= body; j += 2 * W) {
+        const B ea = xsimd::exp(B::load_unaligned(x + j) - vmax);
+        const B eb = xsimd::exp(B::load_unaligned(x + j + W) - vmax);
+        ea.store_unaligned(x + j);
+        eb.store_unaligned(x + j + W);
+        sum_a += ea;
+        sum_b += eb;
+    }
+    for (; j < body; j += W) {
+        const B e = xsimd::exp(B::load_unaligned(x + j) - vmax);
+        e.store_unaligned(x + j);
+        sum_a += e;
+    }
+    if (tail != 0) {
+        const B e = xsimd::exp(load_head(arch, x + body, tail, neg_inf) - vmax);
+        store_head(arch, e, x + body, tail);
+        sum_b += e;
+    }
+
+    // Pass 3: scale by 1/Σ (one division per row; the sum is >= 1 because the max term is exp(0)).
+    const B inv_sum = B(1.0f) / B(xsimd::hadd(sum_a + sum_b));
+    for (j = 0; j < body; j += W) (B::load_unaligned(x + j) * inv_sum).store_unaligned(x + j);
+    if (tail != 0) store_head(arch, load_head(arch, x + body, tail, 0.0f) * inv_sum, x + body, tail);
+
+    // Entries past n_valid get probability 0.
+    const B zero(0.0f);
+    for (j = n_valid; j + W <= n; j += W) zero.store_unaligned(x + j);
+    if (j < n) store_head(arch, zero, x + j, n - j);
+}
+
+}  // namespace mha::simd
