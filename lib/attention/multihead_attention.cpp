@@ -21,8 +21,12 @@ std::string dims(const MaskView& m) {
 }
 
 void check_mask_data(const char* name, const MaskView& m) {
+    if (m.type != MaskType::boolean && m.type != MaskType::additive)
+        fail(std::string(name) + " has an unknown mask type " + std::to_string(static_cast<int>(m.type)));
     if (m.type == MaskType::boolean && m.bools == nullptr) fail(std::string(name) + " is boolean with a null pointer");
     if (m.type == MaskType::additive && m.values == nullptr) fail(std::string(name) + " is additive with a null pointer");
+    // Checked before dims() prints the shape: MaskView::shape has 3 entries.
+    if (m.rank != 2 && m.rank != 3) fail(std::string(name) + " has rank " + std::to_string(m.rank) + " but must be 2 or 3");
 }
 
 void check_masks(const AttentionInputs& in, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk) {
@@ -104,8 +108,14 @@ void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionO
         detail::overlaps(out.output, in.value))
         fail("output overlaps query, key or value");
     check_masks(in, B, H, Lq, Lk);
-    if (opt.need_weights != NeedWeights::none && out.attn_weights == nullptr)
-        fail("need_weights is set but attn_weights is a null pointer");
+    if (opt.need_weights != NeedWeights::none) {
+        if (out.attn_weights == nullptr) fail("need_weights is set but attn_weights is a null pointer");
+        const std::size_t count = B * (opt.need_weights == NeedWeights::per_head ? H : 1) * Lq * Lk;
+        const Batch weights(out.attn_weights, 1, 1, count);
+        if (detail::overlaps(weights, out.output) || detail::overlaps(weights, in.query) ||
+            detail::overlaps(weights, in.key) || detail::overlaps(weights, in.value))
+            fail("attn_weights [" + std::to_string(count) + " floats] overlaps output, query, key or value");
+    }
     if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
     if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
         fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");

@@ -20,7 +20,8 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
                  const float* mask1) noexcept;
 
-// y = gamma·(z − mean)/sqrt(var + eps) + beta with z = x (+ residual), biased var, two passes.
+// y = gamma·(z − mean)/sqrt(var + eps) + beta with z = x (+ residual), biased var, two passes,
+// accumulated in double with one rounding at the end (a constant row gives exactly beta).
 // gamma/beta/residual may be null (ones/zeros/none). y may alias x or residual.
 void layernorm_row(float* y, const float* x, const float* residual, std::size_t n, const float* gamma,
                    const float* beta, float eps) noexcept;

@@ -1,0 +1,298 @@
+// Helpers for the attention tests: random problems, and an independent double-precision multi-head
+// attention written as straightforward loops (no library code) that also propagates a first-order
+// bound on the error of a float computation of the same formula (u = 2^-24, γ_n ≈ n·u):
+//   projections   y = x·Wᵀ + b:     |Δy| ≤ γ_{E+1}·(Σ|x||w| + |b|)
+//   scores        s = Σ q·k / √d:   |Δs| ≤ (Σ|Δq||k| + |q||Δk|)/√d + (d + 3)·u·Σ|q||k|/√d
+//                                   (d-long dot, the scale multiply, 2u in the float 1/sqrt(d))
+//   masks         z = s + m1 + m2:  + 2u·(|s| + |m1| + |m2|), and u·|z − max| in the softmax
+//   softmax       p_j:              |Δp_j| ≤ p_j·(2·max_k |Δz_k| + (Lk + 4)·u)
+//   context       c = Σ_j p_j v_j:  |Δc| ≤ Σ (|Δp||v| + p|Δv|) + Lk·u·Σ p|v|
+//   out proj      o = C·Woᵀ + bo:   |Δo| ≤ Σ|Δc||w| + γ_{E+1}·(Σ|c||w| + |bo|)
+//   post-norm     y = γ·ŷ + β, ŷ = (z − mean)·r, z = o + query, r = 1/sqrt(var + eps):
+//                 ∂ŷ_j/∂z_k = r·(δ_jk − 1/n − ŷ_j ŷ_k / n), so |Δy_j| ≤ |γ_j|·r·(e_j + mean e + |ŷ_j|·mean(|ŷ| e))
+//                 + u·|y_j| (the reference normalizes in double and rounds once).
+//   averaged weights Σ_h p_h / H:   Σ Δp_h / H + (H + 1)·u·avg
+// The tolerance returned is c = 2 times that bound (the factor covers the second-order terms).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include <mha/mha.hpp>
+
+namespace mha_test {
+
+constexpr double kU = 0x1p-24;  // float unit roundoff
+
+inline std::vector<float> random_floats(std::size_t n, float lo, float hi, std::uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(gen);
+    return v;
+}
+
+// A mask that owns its data.
+struct Mask {
+    mha::MaskType type = mha::MaskType::none;
+    int rank = 0;
+    std::array<std::size_t, 3> shape{};
+    std::vector<std::uint8_t> bools;
+    std::vector<float> values;
+
+    mha::MaskView view() const {
+        mha::MaskView v;
+        v.type = type;
+        v.rank = rank;
+        v.bools = bools.empty() ? nullptr : bools.data();
+        v.values = values.empty() ? nullptr : values.data();
+        for (int i = 0; i < 3; ++i) v.shape[i] = shape[i];
+        return v;
+    }
+    bool present() const { return type != mha::MaskType::none; }
+    // The additive value of element `flat` (row-major index): -inf where a boolean mask is set.
+    double at(std::size_t flat) const {
+        if (type == mha::MaskType::boolean) return bools[flat] ? -INFINITY : 0.0;
+        return values[flat];
+    }
+};
+
+// A boolean mask of the given shape, each element set with probability `density`.
+inline Mask random_bool_mask(std::vector<std::size_t> dims, double density, std::uint32_t seed) {
+    Mask m;
+    m.type = mha::MaskType::boolean;
+    m.rank = int(dims.size());
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < dims.size(); ++i) m.shape[i] = dims[i], n *= dims[i];
+    std::mt19937 gen(seed);
+    std::bernoulli_distribution set(density);
+    m.bools.resize(n);
+    for (auto& b : m.bools) b = set(gen) ? 1 : 0;
+    return m;
+}
+
+// An additive mask: values in [-2, 2], and -inf with probability `inf_density`.
+inline Mask random_float_mask(std::vector<std::size_t> dims, double inf_density, std::uint32_t seed) {
+    Mask m = random_bool_mask(dims, inf_density, seed);
+    m.type = mha::MaskType::additive;
+    m.values = random_floats(m.bools.size(), -2.0f, 2.0f, seed + 7777);
+    for (std::size_t i = 0; i < m.values.size(); ++i)
+        if (m.bools[i]) m.values[i] = -INFINITY;
+    m.bools.clear();
+    return m;
+}
+
+struct Problem {
+    std::size_t E = 0, H = 1, B = 1, Lq = 1, Lk = 1;
+    std::vector<float> in_w, in_b, out_w, out_b, norm_w, norm_b;  // norm_*: empty = not given
+    std::vector<float> query, key, value;                         // key / value empty: = query / key
+    Mask key_padding_mask, attn_mask;
+    bool causal = false;
+    std::optional<float> norm_eps;
+
+    const float* key_data() const { return key.empty() ? query.data() : key.data(); }
+    const float* value_data() const { return value.empty() ? key_data() : value.data(); }
+    mha::AttentionWeights weights() const {
+        return {in_w.data(), in_b.data(), out_w.data(), out_b.data(), norm_w.empty() ? nullptr : norm_w.data(),
+                norm_b.empty() ? nullptr : norm_b.data()};
+    }
+};
+
+// Random weights (±1/√E, like nn.Linear's init) and inputs in [-1, 1]. cross: distinct key and value.
+inline Problem random_problem(std::size_t E, std::size_t H, std::size_t B, std::size_t Lq, std::size_t Lk, bool cross,
+                              std::uint32_t seed) {
+    Problem p;
+    p.E = E, p.H = H, p.B = B, p.Lq = Lq, p.Lk = cross ? Lk : Lq;
+    const float w = 1.0f / std::sqrt(float(E));
+    p.in_w = random_floats(3 * E * E, -w, w, seed);
+    p.in_b = random_floats(3 * E, -w, w, seed + 1);
+    p.out_w = random_floats(E * E, -w, w, seed + 2);
+    p.out_b = random_floats(E, -w, w, seed + 3);
+    p.query = random_floats(B * Lq * E, -1.0f, 1.0f, seed + 4);
+    if (cross) {
+        p.key = random_floats(B * Lk * E, -1.0f, 1.0f, seed + 5);
+        p.value = random_floats(B * Lk * E, -1.0f, 1.0f, seed + 6);
+    }
+    return p;
+}
+
+struct Expected {
+    std::vector<double> output, output_tol;      // [B, Lq, E]
+    std::vector<double> probs, probs_tol;        // per head [B, H, Lq, Lk]
+    std::vector<double> averaged, averaged_tol;  // [B, Lq, Lk]
+};
+
+// The attention of `p` in double, with tolerances (see the top of this file).
+inline Expected attention_double(const Problem& p) {
+    const std::size_t E = p.E, H = p.H, d = E / H, B = p.B, Lq = p.Lq, Lk = p.Lk;
+    const double c = 2.0, inv_sqrt_d = 1.0 / std::sqrt(double(d));
+    Expected ex;
+    ex.output.assign(B * Lq * E, 0.0), ex.output_tol.assign(B * Lq * E, 0.0);
+    ex.probs.assign(B * H * Lq * Lk, 0.0), ex.probs_tol.assign(B * H * Lq * Lk, 0.0);
+    ex.averaged.assign(B * Lq * Lk, 0.0), ex.averaged_tol.assign(B * Lq * Lk, 0.0);
+
+    // y = x·W[row0 .., :]ᵀ + b for x [L, E]; also the error bound of a float computation.
+    auto project = [&](const float* x, std::size_t L, std::size_t row0, std::vector<double>& y, std::vector<double>& ey) {
+        y.assign(L * E, 0.0), ey.assign(L * E, 0.0);
+        for (std::size_t i = 0; i < L; ++i)
+            for (std::size_t o = 0; o < E; ++o) {
+                double sum = p.in_b[row0 + o], mag = std::abs(sum);
+                for (std::size_t k = 0; k < E; ++k) {
+                    sum += double(x[i * E + k]) * p.in_w[(row0 + o) * E + k];
+                    mag += std::abs(double(x[i * E + k]) * p.in_w[(row0 + o) * E + k]);
+                }
+                y[i * E + o] = sum, ey[i * E + o] = double(E + 1) * kU * mag;
+            }
+    };
+
+    std::vector<double> q, eq, k, ek, v, ev;
+    for (std::size_t b = 0; b < B; ++b) {
+        project(p.query.data() + b * Lq * E, Lq, 0, q, eq);
+        project(p.key_data() + b * Lk * E, Lk, E, k, ek);
+        project(p.value_data() + b * Lk * E, Lk, 2 * E, v, ev);
+        std::vector<double> ctx(Lq * E, 0.0), ectx(Lq * E, 0.0);
+        for (std::size_t h = 0; h < H; ++h)
+            for (std::size_t i = 0; i < Lq; ++i) {
+                std::vector<double> z(Lk), ez(Lk);
+                double zmax = -INFINITY;
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    double s = 0.0, mag = 0.0, prop = 0.0;
+                    for (std::size_t t = h * d; t < h * d + d; ++t) {
+                        s += q[i * E + t] * k[j * E + t];
+                        mag += std::abs(q[i * E + t] * k[j * E + t]);
+                        prop += eq[i * E + t] * std::abs(k[j * E + t]) + std::abs(q[i * E + t]) * ek[j * E + t];
+                    }
+                    s *= inv_sqrt_d;
+                    const double m1 = p.key_padding_mask.present() ? p.key_padding_mask.at(b * Lk + j) : 0.0;
+                    const double m2 = !p.attn_mask.present()  ? 0.0
+                                      : p.attn_mask.rank == 2 ? p.attn_mask.at(i * Lk + j)
+                                                              : p.attn_mask.at(((b * H + h) * Lq + i) * Lk + j);
+                    z[j] = (p.causal && j > i) ? -INFINITY : s + m1 + m2;
+                    ez[j] = std::isinf(z[j]) ? 0.0
+                                             : prop * inv_sqrt_d + double(d + 3) * kU * mag * inv_sqrt_d +
+                                                   2 * kU * (std::abs(s) + std::abs(m1) + std::abs(m2));
+                    zmax = std::max(zmax, z[j]);
+                }
+                if (zmax == -INFINITY) continue;  // fully masked row: zero probabilities, zero context
+                double sum = 0.0, dz = 0.0;
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    if (z[j] == -INFINITY) continue;
+                    sum += std::exp(z[j] - zmax);
+                    dz = std::max(dz, ez[j] + kU * std::abs(z[j] - zmax));
+                }
+                std::vector<double> pr(Lk), epr(Lk);
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    pr[j] = z[j] == -INFINITY ? 0.0 : std::exp(z[j] - zmax) / sum;
+                    epr[j] = pr[j] * (2 * dz + double(Lk + 4) * kU);
+                    const std::size_t at = ((b * H + h) * Lq + i) * Lk + j;
+                    ex.probs[at] = pr[j], ex.probs_tol[at] = c * epr[j];
+                    ex.averaged[(b * Lq + i) * Lk + j] += pr[j] / double(H);
+                    ex.averaged_tol[(b * Lq + i) * Lk + j] += c * epr[j] / double(H);
+                }
+                for (std::size_t t = h * d; t < h * d + d; ++t) {
+                    double cv = 0.0, mag = 0.0, prop = 0.0;
+                    for (std::size_t j = 0; j < Lk; ++j) {
+                        cv += pr[j] * v[j * E + t];
+                        mag += pr[j] * std::abs(v[j * E + t]);
+                        prop += epr[j] * std::abs(v[j * E + t]) + pr[j] * ev[j * E + t];
+                    }
+                    ctx[i * E + t] = cv, ectx[i * E + t] = prop + double(Lk) * kU * mag;
+                }
+            }
+        for (std::size_t i = 0; i < Lq; ++i)
+            for (std::size_t j = 0; j < Lk; ++j) {
+                const std::size_t at = (b * Lq + i) * Lk + j;
+                ex.averaged_tol[at] += c * double(H + 1) * kU * ex.averaged[at];
+            }
+        // Output projection, then the optional post-norm block.
+        for (std::size_t i = 0; i < Lq; ++i) {
+            std::vector<double> o(E), eo(E);
+            for (std::size_t r = 0; r < E; ++r) {
+                double sum = p.out_b[r], mag = std::abs(sum), prop = 0.0;
+                for (std::size_t t = 0; t < E; ++t) {
+                    sum += ctx[i * E + t] * p.out_w[r * E + t];
+                    mag += std::abs(ctx[i * E + t] * p.out_w[r * E + t]);
+                    prop += ectx[i * E + t] * std::abs(p.out_w[r * E + t]);
+                }
+                o[r] = sum, eo[r] = prop + double(E + 1) * kU * mag;
+            }
+            if (p.norm_eps) {
+                const float* x = p.query.data() + (b * Lq + i) * E;
+                double mean = 0.0, var = 0.0, mean_e = 0.0, mean_ye = 0.0;
+                for (std::size_t r = 0; r < E; ++r) o[r] += x[r], mean += o[r] / double(E);
+                for (std::size_t r = 0; r < E; ++r) var += (o[r] - mean) * (o[r] - mean) / double(E);
+                const double rs = 1.0 / std::sqrt(var + double(*p.norm_eps));
+                for (std::size_t r = 0; r < E; ++r) {
+                    mean_e += eo[r] / double(E);
+                    mean_ye += std::abs((o[r] - mean) * rs) * eo[r] / double(E);
+                }
+                for (std::size_t r = 0; r < E; ++r) {
+                    const double g = p.norm_w.empty() ? 1.0 : p.norm_w[r], be = p.norm_b.empty() ? 0.0 : p.norm_b[r];
+                    const double yhat = (o[r] - mean) * rs, y = g * yhat + be;
+                    eo[r] = std::abs(g) * rs * (eo[r] + mean_e + std::abs(yhat) * mean_ye) + kU * std::abs(y);
+                    o[r] = y;
+                }
+            }
+            for (std::size_t r = 0; r < E; ++r)
+                ex.output[(b * Lq + i) * E + r] = o[r], ex.output_tol[(b * Lq + i) * E + r] = c * eo[r];
+        }
+    }
+    return ex;
+}
+
+struct Result {
+    std::vector<float> output, weights;
+};
+
+// Runs the library on contiguous buffers. Self-attention problems pass key/value as null views.
+inline Result run(const mha::MultiheadAttention& mha_obj, const Problem& p, mha::Backend backend,
+                  mha::NeedWeights need_weights) {
+    Result r;
+    r.output.assign(p.B * p.Lq * p.E, NAN);
+    if (need_weights == mha::NeedWeights::averaged) r.weights.assign(p.B * p.Lq * p.Lk, NAN);
+    if (need_weights == mha::NeedWeights::per_head) r.weights.assign(p.B * p.H * p.Lq * p.Lk, NAN);
+    mha::AttentionInputs in;
+    in.query = mha::ConstBatch(p.query.data(), p.B, p.Lq, p.E);
+    if (!p.key.empty()) in.key = mha::ConstBatch(p.key.data(), p.B, p.Lk, p.E);
+    if (!p.value.empty()) in.value = mha::ConstBatch(p.value.data(), p.B, p.Lk, p.E);
+    in.key_padding_mask = p.key_padding_mask.view();
+    in.attn_mask = p.attn_mask.view();
+    mha::ForwardOptions opt;
+    opt.backend = backend;
+    opt.causal = p.causal;
+    opt.need_weights = need_weights;
+    opt.norm_eps = p.norm_eps;
+    mha_obj.forward(in, {mha::Batch(r.output.data(), p.B, p.Lq, p.E), r.weights.empty() ? nullptr : r.weights.data()},
+                    opt);
+    return r;
+}
+
+inline Result run(const Problem& p, mha::Backend backend, mha::NeedWeights need_weights) {
+    const mha::MultiheadAttention m(p.weights(), p.E, p.H);
+    return run(m, p, backend, need_weights);
+}
+
+// Every |got − expected| within its tolerance; reports the first failure.
+inline void expect_within(const std::vector<float>& got, const std::vector<double>& expected,
+                          const std::vector<double>& tol, const char* what) {
+    ASSERT_EQ(got.size(), expected.size()) << what;
+    for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_LE(std::abs(double(got[i]) - expected[i]), tol[i])
+            << what << "[" << i << "]: got " << got[i] << " expected " << expected[i];
+}
+
+// The largest tolerance relative to the largest expected magnitude: a check that the bound stays
+// meaningful (a bound as large as the values themselves would let anything pass).
+inline double relative_tolerance(const std::vector<double>& expected, const std::vector<double>& tol) {
+    double e = 0.0, t = 0.0;
+    for (std::size_t i = 0; i < expected.size(); ++i) e = std::max(e, std::abs(expected[i])), t = std::max(t, tol[i]);
+    return e > 0.0 ? t / e : t;
+}
+
+}  // namespace mha_test
