@@ -74,7 +74,8 @@ struct AttentionInputs {
 
 struct AttentionOutputs {
     Batch output;                   // [B, Lq, E]; must not overlap the inputs
-    float* attn_weights = nullptr;  // contiguous; averaged: [B, Lq, Lk]; per_head: [B, H, Lq, Lk]
+    float* attn_weights = nullptr;  // contiguous; averaged: [B, Lq, Lk]; per_head: [B, H, Lq, Lk];
+                                    // must not overlap the inputs or the output
 };
 
 class MultiheadAttention {
