@@ -87,8 +87,11 @@ void bench_command(const BenchOptions& opt) {
     if (kernel && opt.threads && *opt.threads != 1)
         throw tool_error("--threads " + std::to_string(*opt.threads) + " is not supported for --op " + op_name(opt.op) +
                          ": the kernels are single-threaded (use --threads 1 or leave it out)");
-    // Threads actually used: 0 (all cores) resolves to oneTBB's default concurrency, the pool the library uses.
-    const int threads = kernel ? 1 : opt.threads.value_or(0) == 0 ? tbb::this_task_arena::max_concurrency() : *opt.threads;
+    // Threads actually used. The kernels and the scalar backend (the plain-loop reference) run on one;
+    // the SIMD attention runs on oneTBB's pool: 0 means all of it, and a larger request is clamped to it.
+    const int pool = tbb::this_task_arena::max_concurrency();
+    const int requested = opt.threads.value_or(0);
+    const int threads = kernel || opt.backend == Backend::scalar ? 1 : requested == 0 ? pool : std::min(requested, pool);
 
     nlohmann::ordered_json j;
     j["op"] = op_name(opt.op);

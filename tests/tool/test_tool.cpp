@@ -22,6 +22,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <mha/mha.hpp>
@@ -588,11 +589,23 @@ TEST_F(BenchTest, AttentionJson) {
 TEST_F(BenchTest, AttentionDefaults) {
     const nlohmann::json j = bench({"--op", "attention", "--backend", "scalar", "--seq", "8"});
     EXPECT_EQ(j.value("backend", ""), "scalar");
+    EXPECT_EQ(j.value("threads", 0), 1);  // the scalar reference runs on one thread
     EXPECT_EQ(j.value("impl", ""), "auto");
     EXPECT_EQ(j.value("batch", 0), 8);
     EXPECT_EQ(j.value("kv_seq", 0), 8);  // defaults to --seq
     EXPECT_EQ(j.value("embed", 0), 768);
     EXPECT_EQ(j.value("heads", 0), 12);
+}
+
+TEST_F(BenchTest, AttentionThreadsAreTheOnesUsed) {
+    const std::vector<std::string> shape{"--op", "attention", "--batch", "1", "--seq", "4", "--embed", "8", "--heads", "2"};
+    std::vector<std::string> all = shape, many = shape;
+    all.insert(all.end(), {"--threads", "0"});
+    many.insert(many.end(), {"--threads", "100000"});
+    const int pool = bench(all).value("threads", 0);  // all cores: oneTBB's pool
+    EXPECT_GE(pool, 1);
+    EXPECT_LE(pool, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    EXPECT_EQ(bench(many).value("threads", 0), pool);  // more than the pool is clamped to it
 }
 
 TEST_F(BenchTest, GemmJson) {
@@ -659,8 +672,8 @@ TEST_F(ToolTest, PyTorchFixtures) {
     for (const fs::path& c : cases) {
         SCOPED_TRACE(c.filename().string());
         const nlohmann::json args = nlohmann::json::parse(read_text(c / "args.json"));
+        // The tool writes only averaged weights: a per-head case is run for its output alone.
         const std::string need = args.value("need_weights", "none");
-        if (need == "per_head") continue;  // the tool writes only averaged weights
         for (const char* backend : {"scalar", "simd"}) {
             SCOPED_TRACE(backend);
             const fs::path out_dir = base_ / c.filename() / backend;
@@ -688,7 +701,7 @@ TEST_F(ToolTest, PyTorchFixtures) {
             ++checked;
         }
     }
-    EXPECT_GT(checked, 0) << "every fixture asks for per-head weights";
+    EXPECT_EQ(checked, 2 * static_cast<int>(cases.size()));
 }
 
 }  // namespace
