@@ -1,0 +1,446 @@
+// Multi-head self-attention forward speed (MultiheadAttention::forward, no masks, no weights out):
+// BERT-base shapes and three scaling sweeps, registered at run time from command-line lists.
+//   FLOPs of one forward: 8·B·L·E² (Q, K, V and output projections) + 4·B·L²·E (Q·Kᵀ and P·V).
+// Suites (--suites=bert,heads,threads,lengths; default: all):
+//   bert     E 768, H 12, L 128 and 512, B 1 and 8; simd on 1 thread and on all; scalar at B=1 L=128 only.
+//   heads    H in --heads at each E in --embed, B = --batch, L = --seq: simd on all threads, and the
+//            scalar reference at B = --scalar-batch (default 1: B=8 would take minutes), one thread.
+//   threads  simd with each thread count in --threads (default 1..hardware threads), at B = --batch,
+//            L = --seq, E = first of --embed, H 12.
+//   lengths  L in --lengths, B 1, E 768, H 12, all threads, Impl::materialized vs Impl::fused.
+// Counters (every time is wall-clock time, UseRealTime: the work runs on oneTBB worker threads):
+//   GFLOPS             FLOPs above ÷ time.
+//   pct_peak           GFLOPS as % of the FMA peak this binary measures at start-up on the same
+//                      number of threads (bench/fma_peak.hpp; the scalar runs count against it too).
+//   speedup_vs_scalar  heads and bert: simd GFLOP/s ÷ scalar GFLOP/s at the same E and H (heads: the
+//                      scalar is at B = --scalar-batch, one thread; the simd on all threads).
+//   speedup_vs_1t      threads: GFLOP/s ÷ GFLOP/s of the 1-thread run.
+//   scratch            lengths: bytes of working memory, computed from the shape (see scratch_bytes).
+//   rss_growth         lengths: measured growth of the process's peak RSS over one untimed forward call
+//                      (see PeakRss); includes the Q/K/V/context buffers the model above counts.
+// Our flags are removed before benchmark::Initialize; Google Benchmark's own flags work as usual
+// (--benchmark_filter, --benchmark_min_time=0.01, --benchmark_out=FILE --benchmark_out_format=json).
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <tbb/task_arena.h>
+
+#include <mha/mha.hpp>
+
+#include "fma_peak.hpp"
+
+namespace {
+
+// --- command line ----------------------------------------------------------------------------------
+
+struct Options {
+    std::set<std::string> suites{"bert", "heads", "threads", "lengths"};
+    std::vector<std::size_t> heads{1, 2, 4, 8, 12, 16, 32, 64};
+    std::vector<std::size_t> embeds{768, 1024};
+    std::size_t batch = 8;
+    std::size_t seq = 128;
+    std::vector<std::size_t> threads;  // empty: 1..hardware threads
+    std::vector<std::size_t> lengths{128, 512, 1024, 2048, 4096, 8192};
+    std::size_t scalar_batch = 1;
+    bool scalar = true;
+};
+
+const char* const kUsage =
+    "Attention benchmark options (before or among Google Benchmark's --benchmark_* flags):\n"
+    "  --suites=LIST        bert,heads,threads,lengths (default: all four)\n"
+    "  --heads=LIST         head counts of the heads sweep (default 1,2,4,8,12,16,32,64)\n"
+    "  --embed=LIST         embed dims of the heads sweep; the first one is used by the threads sweep (768,1024)\n"
+    "  --batch=N            batch of the heads and threads sweeps (8)\n"
+    "  --seq=N              sequence length of the heads and threads sweeps (128)\n"
+    "  --threads=LIST       thread counts of the threads sweep (default 1..hardware threads)\n"
+    "  --lengths=LIST       sequence lengths of the lengths sweep (128,512,1024,2048,4096,8192)\n"
+    "  --scalar-batch=N     batch of the scalar runs in the heads sweep (1)\n"
+    "  --no-scalar          skip the scalar runs of the heads sweep\n"
+    "LIST is comma-separated positive integers; a value may follow '=' or come as the next argument.\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+    std::cerr << "bench_attention: " << message << "\n" << kUsage;
+    std::exit(2);
+}
+
+std::size_t parse_count(const std::string& flag, const std::string& text) {
+    std::size_t used = 0;
+    unsigned long long v = 0;
+    try {
+        v = std::stoull(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || text[0] == '-' || v == 0 || v > (1ull << 20))
+        usage_error(flag + ": '" + text + "' is not a positive integer (at most 2^20)");
+    return std::size_t(v);
+}
+
+std::vector<std::size_t> parse_list(const std::string& flag, const std::string& text) {
+    std::vector<std::size_t> values;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) values.push_back(parse_count(flag, item));
+    if (values.empty()) usage_error(flag + " needs at least one value");
+    return values;
+}
+
+// Reads our flags and removes them from argv, leaving the program name and everything else for
+// benchmark::Initialize. "--help" is left in place too, after printing our part of the usage.
+Options parse_options(int& argc, char** argv) {
+    Options o;
+    int kept = 1;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") {
+            std::cout << kUsage << "\n";
+            argv[kept++] = argv[i];
+            continue;
+        }
+        if (arg == "--no-scalar") {
+            o.scalar = false;
+            continue;
+        }
+        const auto eq = arg.find('=');
+        const std::string name = arg.substr(0, eq);
+        static const std::set<std::string> ours{"--suites", "--heads", "--embed", "--batch", "--seq",
+                                                "--threads", "--lengths", "--scalar-batch"};
+        if (!ours.count(name)) {
+            argv[kept++] = argv[i];
+            continue;
+        }
+        std::string value;
+        if (eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+        } else {
+            if (i + 1 >= argc) usage_error(name + " needs a value");
+            value = argv[++i];
+        }
+        if (name == "--suites") {
+            o.suites.clear();
+            std::stringstream in(value);
+            for (std::string s; std::getline(in, s, ',');) {
+                if (s != "bert" && s != "heads" && s != "threads" && s != "lengths")
+                    usage_error("--suites: unknown suite '" + s + "'");
+                o.suites.insert(s);
+            }
+        } else if (name == "--heads") {
+            o.heads = parse_list(name, value);
+        } else if (name == "--embed") {
+            o.embeds = parse_list(name, value);
+        } else if (name == "--batch") {
+            o.batch = parse_count(name, value);
+        } else if (name == "--seq") {
+            o.seq = parse_count(name, value);
+        } else if (name == "--threads") {
+            o.threads = parse_list(name, value);
+        } else if (name == "--lengths") {
+            o.lengths = parse_list(name, value);
+        } else if (name == "--scalar-batch") {
+            o.scalar_batch = parse_count(name, value);
+        }
+    }
+    argc = kept;
+    argv[argc] = nullptr;
+    return o;
+}
+
+// --- measurements ----------------------------------------------------------------------------------
+
+mha_bench::FmaPeak g_peak;
+// GFLOP/s of the runs other runs compare against, by key (filled in registration order).
+std::map<std::string, double> g_baseline_gflops;
+
+struct Shape {
+    std::size_t B, L, E, H;
+};
+
+double attention_flops(const Shape& s) {
+    const double B = double(s.B), L = double(s.L), E = double(s.E);
+    return 8 * B * L * E * E + 4 * B * L * L * E;
+}
+
+// Threads a run actually gets: the library clamps to what TBB can run; the scalar reference is serial.
+unsigned effective_threads(mha::Backend backend, int threads) {
+    if (backend == mha::Backend::scalar) return 1;
+    const int max = tbb::this_task_arena::max_concurrency();
+    return unsigned(threads == 0 ? max : std::min(threads, max));
+}
+
+// Working memory of one forward, in bytes, from the shape (what the SIMD backend allocates):
+//   buffers, both impls: projected Q|K|V [B, L, 3E] + context [B, L, E] = B·L·4E floats;
+//   materialized: per thread one 64-query block of scores, 64·L floats;
+//   fused: per thread a 64×256 score tile + a 64×d context accumulator (+ 2·64 row statistics).
+double scratch_bytes(const Shape& s, mha::Impl impl, unsigned threads) {
+    const double buffers = double(s.B) * double(s.L) * 4.0 * double(s.E);
+    const double d = double(s.E / s.H);
+    const double per_thread = impl == mha::Impl::fused ? 64.0 * 256.0 + 64.0 * d + 2.0 * 64.0 : 64.0 * double(s.L);
+    return 4.0 * (buffers + threads * per_thread);
+}
+
+// The process's peak resident set size can be reset on Linux (writing 5 to /proc/self/clear_refs,
+// since 4.0), after which getrusage's ru_maxrss restarts from the current RSS. The growth of ru_maxrss
+// over one call is then the call's peak extra memory. Freed heap is returned first (malloc_trim), so
+// memory the allocator kept from earlier runs does not hide the call's allocations; per-thread scratch
+// that earlier runs already grew to this size is not counted again.
+struct PeakRss {
+    static bool reset() {
+#if defined(__GLIBC__)
+        malloc_trim(0);
+#endif
+        std::ofstream f("/proc/self/clear_refs");
+        f << "5";
+        f.flush();
+        return bool(f);
+    }
+    static double max_bytes() {
+        rusage r{};
+        getrusage(RUSAGE_SELF, &r);
+        return double(r.ru_maxrss) * 1024.0;  // Linux reports KiB
+    }
+};
+
+std::vector<float> random_floats(std::size_t n, float scale, unsigned seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(gen);
+    return v;
+}
+
+// What a run compares itself with: it records its GFLOP/s under `record` and, if another run recorded
+// under `compare_with`, reports own ÷ that as the counter `counter`.
+struct Case {
+    Shape shape;
+    mha::Backend backend = mha::Backend::simd;
+    int threads = 0;  // 0: all
+    mha::Impl impl = mha::Impl::automatic;
+    std::string record, compare_with, counter;
+    std::string label;
+    bool memory = false;  // report scratch and rss_growth
+};
+
+Case make_case(Shape shape, mha::Backend backend, int threads, mha::Impl impl = mha::Impl::automatic) {
+    Case c;
+    c.shape = shape;
+    c.backend = backend;
+    c.threads = threads;
+    c.impl = impl;
+    return c;
+}
+
+void run_case(benchmark::State& state, const Case& c) {
+    const Shape& s = c.shape;
+    const std::size_t E = s.E;
+    const float w_scale = 1.0f / std::sqrt(float(E));  // keeps activations O(1), as trained weights do
+    const auto in_w = random_floats(3 * E * E, w_scale, 1), in_b = random_floats(3 * E, 0.1f, 2);
+    const auto out_w = random_floats(E * E, w_scale, 3), out_b = random_floats(E, 0.1f, 4);
+    const auto query = random_floats(s.B * s.L * E, 1.0f, 5);
+    std::vector<float> output(s.B * s.L * E, 0.0f);  // touched now, so its pages are not the call's growth
+
+    mha::AttentionWeights w;
+    w.in_proj_weight = in_w.data();
+    w.in_proj_bias = in_b.data();
+    w.out_proj_weight = out_w.data();
+    w.out_proj_bias = out_b.data();
+    const mha::MultiheadAttention attention(w, E, s.H);
+    mha::AttentionInputs in;
+    in.query = mha::ConstBatch(query.data(), s.B, s.L, E);  // key, value unset: self-attention
+    mha::AttentionOutputs out;
+    out.output = mha::Batch(output.data(), s.B, s.L, E);
+    mha::ForwardOptions opt;
+    opt.backend = c.backend;
+    opt.threads = c.threads;
+    opt.impl = c.impl;
+
+    // Untimed first call: starts the TBB workers, grows the per-thread scratch, and measures memory.
+    const bool rss_reset = c.memory && PeakRss::reset();
+    const double rss_before = PeakRss::max_bytes();
+    try {
+        attention.forward(in, out, opt);
+    } catch (const std::exception& e) {
+        state.SkipWithError(e.what());
+        return;
+    }
+    const double rss_growth = std::max(0.0, PeakRss::max_bytes() - rss_before);
+
+    // The calls are also timed here (what UseRealTime measures, less the loop's own overhead) for the
+    // derived counters, which Google Benchmark would otherwise print as rates per second.
+    double seconds = 0;
+    for (auto _ : state) {
+        const auto t0 = std::chrono::steady_clock::now();
+        attention.forward(in, out, opt);
+        benchmark::DoNotOptimize(output.data());
+        benchmark::ClobberMemory();
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
+    const double gflop = attention_flops(s) * 1e-9;
+    const unsigned threads = effective_threads(c.backend, c.threads);
+    state.counters["GFLOPS"] = benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
+    const double gflops = gflop * double(state.iterations()) / seconds;
+    if (g_peak.gflops_1 > 0) state.counters["pct_peak"] = 100.0 * gflops / g_peak.for_threads(threads);
+    if (!c.record.empty()) g_baseline_gflops[c.record] = gflops;
+    if (!c.compare_with.empty()) {
+        const auto base = g_baseline_gflops.find(c.compare_with);
+        if (base != g_baseline_gflops.end()) state.counters[c.counter] = gflops / base->second;
+    }
+    if (c.memory) {
+        state.counters["scratch"] = benchmark::Counter(scratch_bytes(s, c.impl, threads), benchmark::Counter::kDefaults,
+                                                       benchmark::Counter::kIs1024);
+        if (rss_reset)  // without the reset, ru_maxrss only shows growth past every earlier run's peak
+            state.counters["rss_growth"] =
+                benchmark::Counter(rss_growth, benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+    }
+    if (!c.label.empty()) state.SetLabel(c.label);
+}
+
+// One small forward on all threads outside any benchmark: starts the TBB workers.
+void warm_up(const Shape& s) {
+    const auto in_w = random_floats(3 * s.E * s.E, 0.1f, 1), out_w = random_floats(s.E * s.E, 0.1f, 2);
+    const auto query = random_floats(s.B * s.L * s.E, 1.0f, 3);
+    std::vector<float> output(query.size());
+    mha::AttentionWeights w;
+    w.in_proj_weight = in_w.data();
+    w.out_proj_weight = out_w.data();
+    mha::AttentionInputs in;
+    in.query = mha::ConstBatch(query.data(), s.B, s.L, s.E);
+    mha::AttentionOutputs out;
+    out.output = mha::Batch(output.data(), s.B, s.L, s.E);
+    mha::MultiheadAttention(w, s.E, s.H).forward(in, out);
+}
+
+// --- registration ----------------------------------------------------------------------------------
+
+std::string name_of(const std::string& suite, const Case& c) {
+    std::ostringstream n;
+    n << suite << '/' << (c.backend == mha::Backend::simd ? "simd" : "scalar") << "/E:" << c.shape.E << "/H:" << c.shape.H
+      << "/B:" << c.shape.B << "/L:" << c.shape.L << "/threads:" << effective_threads(c.backend, c.threads);
+    if (c.impl != mha::Impl::automatic) n << "/impl:" << (c.impl == mha::Impl::fused ? "fused" : "materialized");
+    return n.str();
+}
+
+void add(const std::string& suite, const Case& c) {
+    benchmark::RegisterBenchmark(name_of(suite, c).c_str(), [c](benchmark::State& st) { run_case(st, c); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+}
+
+std::string key(const char* what, std::size_t E, std::size_t H) {
+    return std::string(what) + "/" + std::to_string(E) + "/" + std::to_string(H);
+}
+
+void register_bert() {
+    const std::size_t E = 768, H = 12;
+    Case scalar = make_case({1, 128, E, H}, mha::Backend::scalar, 1);
+    scalar.record = "bert/scalar/B1/L128";
+    add("bert", scalar);
+    for (std::size_t L : {128, 512})
+        for (std::size_t B : {1, 8})
+            for (int threads : {1, 0}) {
+                Case c = make_case({B, L, E, H}, mha::Backend::simd, threads);
+                if (B == 1 && L == 128) {
+                    c.compare_with = scalar.record;
+                    c.counter = "speedup_vs_scalar";
+                }
+                add("bert", c);
+            }
+}
+
+void register_heads(const Options& o) {
+    for (std::size_t E : o.embeds)
+        for (std::size_t H : o.heads) {
+            if (E % H != 0) {
+                std::cerr << "heads sweep: skipping E " << E << " H " << H << " (E % H != 0)\n";
+                continue;
+            }
+            if (o.scalar) {
+                Case scalar = make_case({o.scalar_batch, o.seq, E, H}, mha::Backend::scalar, 1);
+                scalar.record = key("scalar", E, H);
+                scalar.label = "scalar reference, 1 thread, B=" + std::to_string(o.scalar_batch) +
+                               (o.scalar_batch < o.batch ? " (smaller batch: it is slow)" : "");
+                add("heads", scalar);
+            }
+            Case simd = make_case({o.batch, o.seq, E, H}, mha::Backend::simd, 0);
+            simd.compare_with = key("scalar", E, H);
+            simd.counter = "speedup_vs_scalar";
+            add("heads", simd);
+        }
+}
+
+void register_threads(const Options& o) {
+    const std::size_t E = o.embeds.front(), H = E % 12 == 0 ? 12 : 1;
+    std::vector<std::size_t> counts = o.threads;
+    if (counts.empty())
+        for (unsigned t = 1; t <= std::max(1u, std::thread::hardware_concurrency()); ++t) counts.push_back(t);
+    for (std::size_t t : counts) {
+        Case c = make_case({o.batch, o.seq, E, H}, mha::Backend::simd, int(t));
+        if (t == 1) c.record = "threads/1";
+        c.compare_with = "threads/1";
+        c.counter = "speedup_vs_1t";
+        add("threads", c);
+    }
+}
+
+void register_lengths(const Options& o) {
+    for (std::size_t L : o.lengths)
+        for (mha::Impl impl : {mha::Impl::materialized, mha::Impl::fused}) {
+            Case c = make_case({1, L, 768, 12}, mha::Backend::simd, 0, impl);
+            c.memory = true;
+            add("lengths", c);
+        }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const Options options = parse_options(argc, argv);
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+    std::cout.setf(std::ios::unitbuf);  // a line per benchmark as it finishes, also through a pipe
+
+    bool listing = false;
+    for (int i = 1; i < argc; ++i) listing |= std::string(argv[i]).rfind("--benchmark_list_tests", 0) == 0;
+    if (!listing) {
+        g_peak = mha_bench::measure_fma_peak();
+        std::printf("FMA peak (%s loop): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %u threads\n", g_peak.isa.c_str(),
+                    g_peak.gflops_1, g_peak.gflops_all, g_peak.threads);
+        benchmark::AddCustomContext("fma_peak_isa", g_peak.isa);
+        benchmark::AddCustomContext("fma_peak_gflops_1thread", std::to_string(g_peak.gflops_1));
+        benchmark::AddCustomContext("fma_peak_gflops_all_threads", std::to_string(g_peak.gflops_all));
+        benchmark::AddCustomContext("fma_peak_threads", std::to_string(g_peak.threads));
+        benchmark::AddCustomContext("mha_isa", std::string(mha::isa_name(mha::active_isa())));
+        benchmark::AddCustomContext("tbb_max_concurrency", std::to_string(tbb::this_task_arena::max_concurrency()));
+    }
+
+    // Start the TBB workers and grow their stacks before the first measurement.
+    if (!listing) warm_up({1, 64, 64, 4});
+
+    if (options.suites.count("bert")) register_bert();
+    if (options.suites.count("heads")) register_heads(options);
+    if (options.suites.count("threads")) register_threads(options);
+    if (options.suites.count("lengths")) register_lengths(options);
+
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}
