@@ -37,6 +37,12 @@ void store_head(Arch, const batch<Arch>& v, float* p, std::size_t k) noexcept {
     for (std::size_t i = 0; i < k; ++i) p[i] = buf[i];
 }
 
+// Sum of the lanes.
+template <class Arch>
+float reduce_add(Arch, const batch<Arch>& v) noexcept {
+    return xsimd::hadd(v);
+}
+
 #if defined(__AVX512F__)
 inline __mmask16 head_mask(std::size_t k) noexcept { return static_cast<__mmask16>((1u << k) - 1u); }
 inline batch<arch_avx512> load_head(arch_avx512, const float* p, std::size_t k, float fill) noexcept {
@@ -45,6 +51,9 @@ inline batch<arch_avx512> load_head(arch_avx512, const float* p, std::size_t k, 
 inline void store_head(arch_avx512, const batch<arch_avx512>& v, float* p, std::size_t k) noexcept {
     _mm512_mask_storeu_ps(p, head_mask(k), v);
 }
+// xsimd::hadd would split into two avx2 batches, whose weak out-of-line helpers (in Debug builds)
+// would then be AVX-512-encoded copies the linker may pick for the AVX2 path.
+inline float reduce_add(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_add_ps(v); }
 #endif
 
 }  // namespace layernorm_detail
@@ -100,7 +109,7 @@ void layernorm_kernel::operator()(Arch arch, float* y, const float* x, const flo
         for (; j < body; j += W) s0 += B::load_unaligned(x + j);
         if (tail != 0) s1 += load_head(arch, x + body, tail, 0.0f);
     }
-    const float mean0_scalar = xsimd::hadd((s0 + s1) + (s2 + s3)) / static_cast<float>(n);
+    const float mean0_scalar = layernorm_detail::reduce_add(arch, (s0 + s1) + (s2 + s3)) / static_cast<float>(n);
     const B mean0(mean0_scalar);
 
     // Pass 2: Σd and Σd² of d = z − mean0. Tail lanes load mean0, so their d is 0.
@@ -123,10 +132,10 @@ void layernorm_kernel::operator()(Arch arch, float* y, const float* x, const flo
         d_sum1 += d;
         sq1 = xsimd::fma(d, d, sq1);
     }
-    const B shift = B(xsimd::hadd(d_sum0 + d_sum1)) / count;  // c = mean − mean0
+    const B shift = B(layernorm_detail::reduce_add(arch, d_sum0 + d_sum1)) / count;  // c = mean − mean0
     // Σd²/n >= c² in exact arithmetic; rounding can take a constant row just below 0. maxps returns its
     // second operand when one is NaN, so a NaN variance stays NaN.
-    const B var = xsimd::max(B(0.0f), B(xsimd::hadd(sq0 + sq1)) / count - shift * shift);
+    const B var = xsimd::max(B(0.0f), B(layernorm_detail::reduce_add(arch, sq0 + sq1)) / count - shift * shift);
     const B inv_std = B(1.0f) / xsimd::sqrt(var + B(eps));
 
     // Pass 3: y = gamma·t + beta, t = (z − mean0)·inv_std − c·inv_std in one fma (one rounding of t).
