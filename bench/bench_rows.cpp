@@ -7,6 +7,7 @@
 // --benchmark_repetitions is set; CPU time because the machine is shared and wall time absorbs
 // other processes). Run pinned: taskset -c 1 bench_rows --benchmark_repetitions=5.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -65,6 +66,8 @@ void layernorm_bench(benchmark::State& state, mha::Backend backend, std::size_t 
 // there are repetitions, else from the single run.
 class RatioReporter : public benchmark::ConsoleReporter {
 public:
+    // Colour only on a terminal (this reporter replaces the one --benchmark_color would configure).
+    RatioReporter() : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_ColorTabular : OO_Tabular) {}
     void ReportRuns(const std::vector<Run>& runs) override {
         for (const Run& run : runs) {
             if (run.error_occurred) continue;

@@ -9,8 +9,9 @@
 //   1. z = scale·x + masks, stored over x, running max;  2. e = exp(z − max), stored, running sum;
 //   3. x *= 1/sum.  Tails use masked loads/stores on AVX-512 and a padded stack buffer elsewhere.
 // exp: xsimd::exp, except on AVX-512 a shorter one for the d <= 0 that softmax needs (exp_nonpositive).
-// Every helper is a template on Arch (or exists only in the AVX-512 TU), so no weak symbol compiled
-// with one ISA's flags can be picked by the linker for another ISA's path.
+// Every helper is a template on Arch (or exists only in the AVX-512 TU), so none becomes a weak symbol
+// shared by two ISA TUs, whose copy compiled with one ISA's flags the linker could pick for another's
+// path. (At -O0, xsimd::exp's own scalar-constant helpers still are, in the AVX2 and SSE2 TUs.)
 #pragma once
 #include <cstddef>
 #include <limits>
