@@ -1,0 +1,10 @@
+// Instantiates the GEMM functors of gemm.hpp for avx2 (this TU gets the ISA flags; see dispatch.hpp).
+#include "gemm_impl.hpp"
+
+namespace mha::simd {
+template void GemmKernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, Trans, ConstMatrix, Trans, float,
+                                                 Matrix) const noexcept;
+template void GemmPackedKernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, Trans, const PackedMatrix::Impl&,
+                                                       float, const float*, Matrix) const noexcept;
+template void PackBKernel::operator()<arch_avx2>(arch_avx2, ConstMatrix, Trans, PackedMatrix::Impl&) const;
+}  // namespace mha::simd

@@ -1,0 +1,54 @@
+// GEMM register tiles and cache blocks per ISA (BLIS terms). The microkernel computes an MR×NR tile
+// of C (NR = NV vectors of W floats); the loops around it (gemm_impl.hpp) are
+//   for jc in N step NC:                     B block KC×NC, packed once, stays in L2
+//     for pc in K, ceil(K/KC) equal k-blocks:
+//       pack B[pc.., jc..]                   (or read it in place, see gemm_impl.hpp)
+//       for ir in M step MR:                 A micro-panel MR×KC stays in L1 (packed only if op(A) = Aᵀ)
+//         for jr in NC step NR:              B micro-panels stream from L2
+//           microkernel(A micro-panel, B micro-panel) → C[ir.., jc + jr..]
+// Why these sizes (targets: Sapphire Rapids 48 KB L1d / 2 MB L2 per core, two 512-bit FMA ports; and
+// the Zen 4 host where they were measured, 32 KB L1d / 1 MB L2, 512-bit FMA at one per cycle):
+//   KC = 768: C tiles are loaded and stored once per k-block; at K = 768 (BERT-base) one block, so C is
+//     written once. Smaller KC measured 5-15% slower on 1024×2304×768 (KC 256: 85, 384: 97, 768: 103
+//     GFLOP/s with the other blocks fixed), because each extra k-block is one more read+write of C.
+//     The A micro-panel MR×KC (AVX-512: 8×768×4 B = 24 KB) still fits L1d.
+//   NC = 256: the packed B block KC×NC = 768 KB fits the 1 MB L2 (and well within 2 MB), so each B
+//     element comes from L2 for all M/MR micro-panels of A; A is re-read from L3 N/NC times instead.
+//     NC 192..384 measured within noise of each other.
+//   MC: none. A micro-panel is used for one sweep over the B block while it sits in L1 and is not
+//     needed again for that (jc, pc), so there is no A block to size for L2.
+// Register tiles (measured on 1024×2304×768, in-context, see bench_gemm): AVX-512 6×32 and 8×32
+// ~105-108 GFLOP/s, 12×32 and 14×32 ~101-103 (more rows = more A streams and spilled row offsets);
+// 8×32 keeps 16 accumulators, enough independent FMAs for two FMA ports with 4-cycle latency.
+#pragma once
+#include <cstddef>
+
+#include "dispatch.hpp"
+
+namespace mha::simd {
+
+template <class Arch>
+struct GemmBlocking;
+
+// AVX-512 (32 zmm): 16 accumulators + 2 B vectors + 1 broadcast.
+template <>
+struct GemmBlocking<arch_avx512> {
+    static constexpr std::size_t W = 16, MR = 8, NV = 2, NR = NV * W;
+    static constexpr std::size_t KC = 768, NC = 256;
+};
+
+// AVX2 + FMA (16 ymm): 6×16 = 12 accumulators + 2 B vectors + 1 broadcast.
+template <>
+struct GemmBlocking<arch_avx2> {
+    static constexpr std::size_t W = 8, MR = 6, NV = 2, NR = NV * W;
+    static constexpr std::size_t KC = 768, NC = 256;
+};
+
+// SSE2 (16 xmm, no FMA): 6×8 = 12 accumulators + 2 B vectors + 1 broadcast.
+template <>
+struct GemmBlocking<arch_sse2> {
+    static constexpr std::size_t W = 4, MR = 6, NV = 2, NR = NV * W;
+    static constexpr std::size_t KC = 768, NC = 256;
+};
+
+}  // namespace mha::simd

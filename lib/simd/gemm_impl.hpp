@@ -1,0 +1,180 @@
+// The GEMM's loops around the microkernel (BLIS layers), templated on the xsimd Arch; included only by
+// the per-ISA TUs gemm_<isa>.cpp, which instantiate the functors of gemm.hpp.
+//   C = alpha·op(A)·op(B) + beta·C (+ bias[j] when given), op(A) [M, K], op(B) [K, N], C [M, N].
+//   beta == 0: C is only written. K == 0: C = beta·C (+ bias). C must not overlap A or B.
+// Blocking and loop order: see gemm_blocking.hpp. Each C element is summed over k in the same order
+// (the same k-blocks, in order, one FMA per k) whatever the path (packed or in-place operands, which
+// row panel), so splitting M across threads gives bitwise the same rows.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <utility>
+
+#include "gemm.hpp"
+#include "gemm_blocking.hpp"
+#include "gemm_microkernel.hpp"
+#include "gemm_pack.hpp"
+
+namespace mha::simd {
+namespace gemm_detail {
+
+template <class Arch>
+struct Gemm {
+    using Blk = GemmBlocking<Arch>;
+    static constexpr std::size_t MR = Blk::MR, NV = Blk::NV, NR = Blk::NR, W = Blk::W;
+    using Kernel = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t,
+                            const GemmTileOut&) noexcept;
+    using KernelTable = std::array<std::array<Kernel, MR>, NV>;  // [vectors - 1][rows - 1]
+
+    template <ALayout L, std::size_t V, std::size_t... I>
+    static constexpr std::array<Kernel, MR> kernel_rows(std::index_sequence<I...>) {
+        return {&gemm_microkernel<Arch, I + 1, V, L>...};
+    }
+    template <ALayout L, std::size_t... V>
+    static constexpr KernelTable kernel_table(std::index_sequence<V...>) {
+        return {kernel_rows<L, V + 1>(std::make_index_sequence<MR>{})...};
+    }
+    static constexpr KernelTable kernels_col = kernel_table<ALayout::col_panel>(std::make_index_sequence<NV>{});
+    static constexpr KernelTable kernels_row = kernel_table<ALayout::row_major>(std::make_index_sequence<NV>{});
+
+    // Row panels of C: ceil(m / MR) panels of balanced height (they differ by at most one row), so a
+    // tail never runs a 1- or 2-row tile that leaves FMA ports idle.
+    static std::size_t panel_count(std::size_t m) { return (m + MR - 1) / MR; }
+    static std::size_t panel_start(std::size_t r, std::size_t m, std::size_t np) { return r * m / np; }
+
+    // k-blocks: ceil(K / KC) blocks of balanced length (768 + 32 would waste a pass over C).
+    static std::size_t kblock_count(std::size_t k, std::size_t kc) { return (k + kc - 1) / kc; }
+    static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) { return b * k / nb; }
+
+    // The B operand of one k-block × NC block: panel jr at base + jr·panel_step, rows ldb apart. A partial
+    // last panel (fewer than NR columns) is read from `edge` (packed, rows NR apart) when edge != nullptr.
+    struct BPanels {
+        const float* base;
+        std::size_t panel_step, ldb;
+        const float* edge;
+    };
+
+    // C[0, m) × [0, nc) (+)= A micro-panel · B block: one sweep over the B panels for one A micro-panel
+    // (m <= MR rows), which stays in L1 meanwhile.
+    static void sweep(std::size_t m, std::size_t nc, std::size_t kc, const float* a, std::size_t lda, ALayout layout,
+                      const BPanels& b, float* c, std::size_t ldc, float alpha, float beta,
+                      const float* bias) noexcept {
+        const KernelTable& table = layout == ALayout::col_panel ? kernels_col : kernels_row;
+        for (std::size_t j0 = 0, jr = 0; j0 < nc; j0 += NR, ++jr) {
+            const std::size_t n = std::min(NR, nc - j0);
+            const bool edge = n < NR && b.edge != nullptr;
+            const GemmTileOut out{c + j0, ldc, n, alpha, beta, bias != nullptr ? bias + j0 : nullptr};
+            table[(n + W - 1) / W - 1][m - 1](kc, a, lda, edge ? b.edge : b.base + jr * b.panel_step,
+                                              edge ? NR : b.ldb, out);
+        }
+    }
+
+    // C = beta·C (+ bias) for K == 0.
+    static void scale_only(float beta, const float* bias, Matrix c) noexcept {
+        for (std::size_t i = 0; i < c.rows; ++i)
+            for (std::size_t j = 0; j < c.cols; ++j) {
+                const float v = beta == 0.0f ? 0.0f : beta * c(i, j);
+                c(i, j) = bias != nullptr ? v + bias[j] : v;
+            }
+    }
+
+    // The driver. b_packed != nullptr: B comes prepacked (b, tb unused); otherwise op(B) from b, tb.
+    static void run(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb,
+                    const PackedMatrix::Impl* b_packed, float beta, const float* bias, Matrix c) noexcept {
+        const std::size_t M = c.rows, N = c.cols, K = ta == Trans::no ? a.cols : a.rows;
+        if (M == 0 || N == 0) return;
+        if (K == 0) return scale_only(beta, bias, c);
+
+        const std::size_t KC = b_packed != nullptr ? b_packed->kc : Blk::KC;
+        const std::size_t nkb = kblock_count(K, KC), kc_max = kblock_start(1, K, nkb);
+        const std::size_t nc_max = std::min(Blk::NC, N);
+        // op(B) = B stored row-major with one k-block and one N block: its rows are read in place (nothing
+        // would reuse a packed copy); only a partial last panel is packed, for its zero padding.
+        const bool b_in_place = b_packed == nullptr && tb == Trans::no && nkb == 1 && N <= Blk::NC;
+        const bool pack_a = ta == Trans::yes;  // in place, op(A) = Aᵀ would touch one cache line per k
+        float* b_buf = b_packed != nullptr ? nullptr
+                                           : gemm_scratch(GemmBuffer::b, b_in_place ? kc_max * NR
+                                                                                    : kc_max * (nc_max + NR - 1) / NR * NR);
+        float* a_buf = pack_a ? gemm_scratch(GemmBuffer::a, kc_max * MR) : nullptr;
+        const std::size_t np = panel_count(M);
+
+        for (std::size_t jc = 0; jc < N; jc += Blk::NC) {
+            const std::size_t nc = std::min(Blk::NC, N - jc);
+            for (std::size_t kb = 0; kb < nkb; ++kb) {
+                const std::size_t pc = kblock_start(kb, K, nkb), kc = kblock_start(kb + 1, K, nkb) - pc;
+                const float beta_k = kb == 0 ? beta : 1.0f;  // later k-blocks accumulate onto C
+                const float* bias_k = kb + 1 == nkb && bias != nullptr ? bias + jc : nullptr;  // added once
+
+                BPanels bp{};
+                if (b_packed != nullptr) {
+                    bp = {b_packed->data.data() + pc * b_packed->n_padded + jc * kc, kc * NR, NR, nullptr};
+                } else if (b_in_place) {
+                    const float* b0 = b.data + pc * b.stride + jc;
+                    const std::size_t full = nc / NR * NR;
+                    if (full < nc) pack_b_panel<Arch, NR>(nc - full, kc, b0 + full, b.stride, false, b_buf);
+                    bp = {b0, NR, b.stride, b_buf};
+                } else {
+                    const bool tr = tb == Trans::yes;
+                    for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+                        const float* src = tr ? b.data + (jc + j0) * b.stride + pc : b.data + pc * b.stride + jc + j0;
+                        pack_b_panel<Arch, NR>(std::min(NR, nc - j0), kc, src, b.stride, tr, b_buf + j0 * kc);
+                    }
+                    bp = {b_buf, kc * NR, NR, nullptr};
+                }
+
+                for (std::size_t r = 0; r < np; ++r) {
+                    const std::size_t i0 = panel_start(r, M, np), m = panel_start(r + 1, M, np) - i0;
+                    float* c0 = c.data + i0 * c.stride + jc;
+                    if (pack_a) {
+                        pack_a_panel<Arch, MR>(m, kc, a.data + pc * a.stride + i0, a.stride, a_buf);
+                        sweep(m, nc, kc, a_buf, MR, ALayout::col_panel, bp, c0, c.stride, alpha, beta_k, bias_k);
+                    } else {
+                        sweep(m, nc, kc, a.data + i0 * a.stride + pc, a.stride, ALayout::row_major, bp, c0, c.stride,
+                              alpha, beta_k, bias_k);
+                    }
+                }
+            }
+        }
+    }
+
+    static void pack(ConstMatrix b, Trans tb, PackedMatrix::Impl& out) {
+        const bool tr = tb == Trans::yes;
+        out.k = tr ? b.cols : b.rows;
+        out.n = tr ? b.rows : b.cols;
+        out.kc = Blk::KC;
+        out.nr = NR;
+        out.n_padded = (out.n + NR - 1) / NR * NR;
+        out.data.assign(out.k * out.n_padded, 0.0f);
+        const std::size_t nkb = kblock_count(out.k, out.kc);
+        for (std::size_t kb = 0; kb < nkb; ++kb) {
+            const std::size_t pc = kblock_start(kb, out.k, nkb), kc = kblock_start(kb + 1, out.k, nkb) - pc;
+            for (std::size_t j0 = 0; j0 < out.n; j0 += NR) {
+                const float* src = tr ? b.data + j0 * b.stride + pc : b.data + pc * b.stride + j0;
+                pack_b_panel<Arch, NR>(std::min(NR, out.n - j0), kc, src, b.stride, tr,
+                                       out.data.data() + pc * out.n_padded + j0 * kc);
+            }
+        }
+    }
+};
+
+}  // namespace gemm_detail
+
+template <class Arch>
+void GemmKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta,
+                            Matrix c) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, b, tb, nullptr, beta, nullptr, c);
+}
+
+template <class Arch>
+void GemmPackedKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PackedMatrix::Impl& b,
+                                  float beta, const float* bias, Matrix c) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, &b, beta, bias, c);
+}
+
+template <class Arch>
+void PackBKernel::operator()(Arch, ConstMatrix b, Trans tb, PackedMatrix::Impl& packed) const {
+    gemm_detail::Gemm<Arch>::pack(b, tb, packed);
+}
+
+}  // namespace mha::simd

@@ -1,0 +1,138 @@
+// GEMM microkernel: one register tile C[M×n] = alpha·A·B + beta·C (+ bias[j]) for a k-range of kc.
+//   A: M rows × kc, element (i, p) at a[i + p·lda] (ALayout::col_panel: a packed A panel with lda = MR,
+//      or a transposed A read in place) or at a[i·lda + p] (ALayout::row_major: A read in place).
+//   B: kc rows of NV·W floats, row p at b + p·ldb (a packed panel with ldb = NR, or B read in place).
+//      All NV·W floats of every row must be readable; columns >= n are computed and dropped.
+//   C: M rows × n columns (n <= NV·W) at c with row stride ldc. beta == 0: C is not read.
+//   bias: nullptr or n floats added to every row.
+// The accumulators stay in registers; M and NV are template parameters so that every tail size is
+// the same code with a smaller tile (no padding FMAs on the row tail).
+#pragma once
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include <xsimd/xsimd.hpp>
+
+#include "dispatch.hpp"
+
+namespace mha::simd {
+
+enum class ALayout { col_panel, row_major };
+
+// Where a tile's results go, and how they combine with what is there.
+struct GemmTileOut {
+    float* c;
+    std::size_t ldc;
+    std::size_t n;  // valid columns
+    float alpha, beta;
+    const float* bias;  // nullptr: none
+};
+
+namespace gemm_detail {
+
+#define MHA_GEMM_INLINE __attribute__((always_inline))
+
+// f(integral_constant<size_t, 0>) ... f(integral_constant<size_t, N-1>), fully unrolled. Everything on
+// the way is force-inlined so the accumulator arrays stay in registers.
+template <class F, std::size_t... I>
+inline MHA_GEMM_INLINE void unroll_impl(F& f, std::index_sequence<I...>) {
+    (f(std::integral_constant<std::size_t, I>{}), ...);
+}
+template <std::size_t N, class F>
+inline MHA_GEMM_INLINE void unroll(F&& f) {
+    unroll_impl(f, std::make_index_sequence<N>{});
+}
+
+// x·y + z, fused where the ISA has FMA. Spelled with the intrinsic on AVX-512 because xsimd 8.1 has no
+// fused kernel there and leaves the contraction to the compiler (clang does not contract by default).
+template <class Arch>
+inline __attribute__((always_inline)) xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch> x,
+                                                                      xsimd::batch<float, Arch> y,
+                                                                      xsimd::batch<float, Arch> z) {
+    if constexpr (std::is_same_v<Arch, arch_avx512>)
+        return _mm512_fmadd_ps(x, y, z);
+    else if constexpr (std::is_same_v<Arch, arch_avx2>)
+        return _mm256_fmadd_ps(x, y, z);
+    else
+        return x * y + z;
+}
+
+// c[j] = alpha·r[j] + beta·c[j] (beta·c only when read_c) + bias[j] for j < n: a partial vector's
+// columns, kept out of line so that the rarely used tail does not bloat the unrolled tiles. A template
+// on Arch like everything here, so each ISA TU has its own copy (no weak symbol shared across ISAs).
+template <class Arch>
+__attribute__((noinline)) void store_tail(const float* r, float* c, std::size_t n, float alpha, float beta,
+                                                 bool read_c, const float* bias) noexcept {
+    for (std::size_t j = 0; j < n; ++j) {
+        float v = alpha * r[j];
+        if (read_c) v += beta * c[j];
+        if (bias != nullptr) v += bias[j];
+        c[j] = v;
+    }
+}
+
+// Writes one vector of results: c[j0, min(j0 + W, n)) = alpha·acc + beta·c + bias; C is read only when
+// ReadC, and nothing at or past column n is touched.
+template <class Arch, bool ReadC>
+inline MHA_GEMM_INLINE void store_vector(xsimd::batch<float, Arch> acc, float* c, std::size_t j0, std::size_t n,
+                                         float alpha, float beta, const float* bias) {
+    using batch = xsimd::batch<float, Arch>;
+    constexpr std::size_t W = batch::size;
+    if (j0 >= n) return;
+    if (j0 + W <= n) {
+        batch r = acc * batch(alpha);
+        if constexpr (ReadC) r = fmadd<Arch>(batch(beta), batch::load_unaligned(c + j0), r);
+        if (bias != nullptr) r += batch::load_unaligned(bias + j0);
+        r.store_unaligned(c + j0);
+    } else {
+        alignas(64) float tmp[W];
+        acc.store_aligned(tmp);
+        store_tail<Arch>(tmp, c + j0, n - j0, alpha, beta, ReadC, bias != nullptr ? bias + j0 : nullptr);
+    }
+}
+
+}  // namespace gemm_detail
+
+template <class Arch, std::size_t M, std::size_t NV, ALayout L>
+void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                      const GemmTileOut& out) noexcept {
+    using batch = xsimd::batch<float, Arch>;
+    constexpr std::size_t W = batch::size;
+    using gemm_detail::unroll;
+    // Copies: stores to C must not make the compiler reload these from `out`.
+    const std::size_t n = out.n, ldc = out.ldc;
+    const float alpha = out.alpha, beta = out.beta;
+    const float* bias = out.bias;
+    float* c = out.c;
+
+    batch acc[M][NV];
+    unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = batch(0.0f); }); });
+
+    // Ask for the C tile now so that its cache misses overlap the k loop instead of stalling the stores.
+    unroll<M>([&](auto i) MHA_GEMM_INLINE {
+        unroll<NV>([&](auto v) MHA_GEMM_INLINE { __builtin_prefetch(c + i * ldc + v * W, 1, 3); });
+    });
+    // row_major A: M row pointers advance by one float per k; col_panel A: one pointer advances by lda.
+    for (std::size_t p = 0; p < kc; ++p) {
+        batch bv[NV];
+        unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = batch::load_unaligned(b + v * W); });
+        unroll<M>([&](auto i) MHA_GEMM_INLINE {
+            const batch ai(L == ALayout::col_panel ? a[i] : a[i * lda]);
+            unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = gemm_detail::fmadd<Arch>(ai, bv[v], acc[i][v]); });
+        });
+        a += L == ALayout::col_panel ? lda : 1;
+        b += ldb;
+    }
+
+    unroll<M>([&](auto i) MHA_GEMM_INLINE {
+        unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+            if (beta != 0.0f)
+                gemm_detail::store_vector<Arch, true>(acc[i][v], c + i * ldc, v * W, n, alpha, beta, bias);
+            else
+                gemm_detail::store_vector<Arch, false>(acc[i][v], c + i * ldc, v * W, n, alpha, beta, bias);
+        });
+    });
+}
+
+}  // namespace mha::simd

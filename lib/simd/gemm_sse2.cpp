@@ -1,0 +1,10 @@
+// Instantiates the GEMM functors of gemm.hpp for sse2 (this TU gets the ISA flags; see dispatch.hpp).
+#include "gemm_impl.hpp"
+
+namespace mha::simd {
+template void GemmKernel::operator()<arch_sse2>(arch_sse2, float, ConstMatrix, Trans, ConstMatrix, Trans, float,
+                                                 Matrix) const noexcept;
+template void GemmPackedKernel::operator()<arch_sse2>(arch_sse2, float, ConstMatrix, Trans, const PackedMatrix::Impl&,
+                                                       float, const float*, Matrix) const noexcept;
+template void PackBKernel::operator()<arch_sse2>(arch_sse2, ConstMatrix, Trans, PackedMatrix::Impl&) const;
+}  // namespace mha::simd
