@@ -36,7 +36,7 @@ const float* additive(const MaskView& m, std::vector<float>& store) {
 }
 
 struct ScratchSlots {
-    AlignedArray slot[Scratch::kSlots];
+    AlignedArray slot[Scratch::count];
 };
 
 }  // namespace
@@ -47,7 +47,7 @@ AlignedArray::AlignedArray(std::size_t n)
 
 void AlignedArray::Free::operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t(kAlign)); }
 
-float* Scratch::get(std::size_t n, int slot) {
+float* Scratch::get(std::size_t n, Slot slot) {
     thread_local ScratchSlots slots;
     AlignedArray& a = slots.slot[slot];
     if (a.size() < n) a = AlignedArray(n + n / 4);
@@ -61,19 +61,17 @@ AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const Attentio
       query_block(kQueryBlock), row_block(kRowBlock),
       self_attention(same_view(in.query, in.key) && same_view(in.key, in.value)), norm_eps_(opt.norm_eps) {
     if (self_attention) {
-        qkv_ = AlignedArray(B * Lq * 3 * E);
-        Q = Batch(qkv_.data(), B, Lq, E, 3 * E, Lq * 3 * E);
-        K = Batch(qkv_.data() + E, B, Lq, E, 3 * E, Lq * 3 * E);
-        V = Batch(qkv_.data() + 2 * E, B, Lq, E, 3 * E, Lq * 3 * E);
+        float* qkv = Scratch::get(B * Lq * 3 * E, Scratch::projections);
+        Q = Batch(qkv, B, Lq, E, 3 * E, Lq * 3 * E);
+        K = Batch(qkv + E, B, Lq, E, 3 * E, Lq * 3 * E);
+        V = Batch(qkv + 2 * E, B, Lq, E, 3 * E, Lq * 3 * E);
     } else {
-        qkv_ = AlignedArray(B * Lq * E);
-        kv_ = AlignedArray(B * Lk * 2 * E);
-        Q = Batch(qkv_.data(), B, Lq, E);
-        K = Batch(kv_.data(), B, Lk, E, 2 * E, Lk * 2 * E);
-        V = Batch(kv_.data() + E, B, Lk, E, 2 * E, Lk * 2 * E);
+        Q = Batch(Scratch::get(B * Lq * E, Scratch::projections), B, Lq, E);
+        float* kv = Scratch::get(B * Lk * 2 * E, Scratch::key_values);
+        K = Batch(kv, B, Lk, E, 2 * E, Lk * 2 * E);
+        V = Batch(kv + E, B, Lk, E, 2 * E, Lk * 2 * E);
     }
-    c_ = AlignedArray(B * Lq * E);
-    C = Batch(c_.data(), B, Lq, E);
+    C = Batch(Scratch::get(B * Lq * E, Scratch::context), B, Lq, E);
     if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
     if (in.attn_mask.present()) {
         attn_mask_ = additive(in.attn_mask, attn_mask_store_);

@@ -28,11 +28,15 @@ private:
     std::size_t size_ = 0;
 };
 
-// Per-thread scratch reused across tasks and calls: no allocation per task. get(slot, n) returns at
-// least n floats, valid until the same thread asks for the same slot again. Grows, never shrinks.
+// Per-thread scratch reused across tasks and calls: no allocation per task, none per call after the
+// first call of a shape. get(n, slot) returns at least n floats, valid until the same thread asks for
+// the same slot again. Grows, never shrinks (memory stays with the thread, as with any thread cache).
+// Slots 0..2 belong to one attention task (which never waits on other tasks); slots 3..5 hold the
+// buffers of one forward call on the calling thread, whose wait is isolated so that thread cannot
+// start another forward meanwhile.
 struct Scratch {
-    static constexpr int kSlots = 4;
-    static float* get(std::size_t n, int slot = 0);
+    enum Slot { scores = 0, accumulator = 1, row_stats = 2, projections = 3, key_values = 4, context = 5, count = 6 };
+    static float* get(std::size_t n, Slot slot);
 };
 
 struct AttentionPlan {
@@ -64,7 +68,6 @@ struct AttentionPlan {
     void project_output(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out) const;
 
 private:
-    AlignedArray qkv_, kv_, c_;
     std::vector<float> key_padding_store_, attn_mask_store_;  // bool masks converted to 0 / -inf
     const float* key_padding_ = nullptr;
     const float* attn_mask_ = nullptr;

@@ -27,9 +27,9 @@ bool all_masked(const float* additive, std::size_t n) {
 
 void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::size_t i0, std::size_t rows) {
     const std::size_t d = p.head_dim, tile = kFusedKeyTile;
-    const Matrix s(Scratch::get(rows * tile, 0), rows, tile, tile);
-    const Matrix o(Scratch::get(rows * d, 1), rows, d, d);
-    float* row_max = Scratch::get(2 * rows, 2);
+    const Matrix s(Scratch::get(rows * tile, Scratch::scores), rows, tile, tile);
+    const Matrix o(Scratch::get(rows * d, Scratch::accumulator), rows, d, d);
+    float* row_max = Scratch::get(2 * rows, Scratch::row_stats);
     float* row_sum = row_max + rows;
     std::fill(row_max, row_max + rows, kMinusInf);
     std::fill(row_sum, row_sum + rows, 0.0f);

@@ -71,7 +71,7 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
             tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nqb), [&](const tbb::blocked_range<std::size_t>& r) {
                 for (std::size_t t = r.begin(); t != r.end(); ++t) {
                     const std::size_t b = t / nqb, i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
-                    float* buf = Scratch::get(rows * Lk);
+                    float* buf = Scratch::get(rows * Lk, Scratch::scores);
                     const Matrix s(buf, rows, Lk);
                     const Matrix w(out.attn_weights + (b * Lq + i0) * Lk, rows, Lk);
                     const float inv_h = 1.0f / static_cast<float>(H);
@@ -92,7 +92,7 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
                     } else if (p.need_weights == NeedWeights::per_head) {
                         attend_block(p, b, h, i0, rows, Matrix(out.attn_weights + (bh * Lq + i0) * Lk, rows, Lk));
                     } else {
-                        attend_block(p, b, h, i0, rows, Matrix(Scratch::get(rows * Lk), rows, Lk));
+                        attend_block(p, b, h, i0, rows, Matrix(Scratch::get(rows * Lk, Scratch::scores), rows, Lk));
                     }
                 }
             });
@@ -103,11 +103,14 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
 
     // More threads than TBB can run is clamped (TBB would only warn and ignore the rest).
     const int threads = std::min(opt.threads, tbb::this_task_arena::max_concurrency());
+    // isolate: while this thread waits for its tasks it must not pick up another forward's tasks, which
+    // would reuse its per-thread buffers (a caller running forward inside its own TBB loop).
+    auto isolated = [&] { tbb::this_task_arena::isolate(run); };
     if (opt.threads > 0 && threads != tbb::this_task_arena::max_concurrency()) {
         tbb::task_arena arena(threads);
-        arena.execute(run);
+        arena.execute(isolated);
     } else {
-        run();
+        isolated();
     }
 }
 
