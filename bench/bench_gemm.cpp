@@ -5,7 +5,8 @@
 //   Packed: the same with B prepacked once (simd::PackedMatrix) and the bias fused (gemm_packed);
 //   Head: the attention calls as the attention code makes them: Q_h·K_hᵀ with Q_h, K_h column slices
 //   of a [L, 3E] buffer (stride 3E = 2304), and P·V_h with V_h such a slice (B not transposed).
-// Run pinned to one core: taskset -c 1 ./bench_gemm --benchmark_filter=...
+// Rates use wall time (like the anchors in shared/anchors). Run pinned to one core:
+//   taskset -c 1 ./bench_gemm --benchmark_filter=... --benchmark_repetitions=3
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -129,23 +130,23 @@ BENCHMARK(BM_Linear)->ArgNames({"M", "N", "K", "isa"})->Apply([](auto* b) {
     small_shapes(b, kAvx2);
     small_shapes(b, kSse2);
     small_shapes(b, kScalar);
-})->Unit(benchmark::kMicrosecond);
+})->UseRealTime()->Unit(benchmark::kMicrosecond);
 // The scalar reference at ~2 GFLOP/s: a few iterations of the smaller big shape only.
 BENCHMARK(BM_Linear)->Name("BM_Linear_scalar")->ArgNames({"M", "N", "K", "isa"})->Args({1024, 768, 768, kScalar})
-    ->Iterations(2)->Unit(benchmark::kMillisecond);
+    ->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Packed)->ArgNames({"M", "N", "K", "isa"})->Apply([](auto* b) {
     big_shapes(b, kAvx512);
     small_shapes(b, kAvx512);
     big_shapes(b, kAvx2);
-})->Unit(benchmark::kMicrosecond);
+})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HeadQK)->ArgNames({"Lq", "Lk", "d", "isa"})->Apply([](auto* b) {
     for (long isa : {kAvx512, kAvx2, kScalar}) b->Args({128, 128, 64, isa});
     b->Args({128, 512, 64, kAvx512})->Args({128, 128, 32, kAvx512})->Args({128, 128, 128, kAvx512});
-})->Unit(benchmark::kMicrosecond);
+})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HeadPV)->ArgNames({"Lq", "d", "Lk", "isa"})->Apply([](auto* b) {
     for (long isa : {kAvx512, kAvx2, kScalar}) b->Args({128, 64, 128, isa});
     b->Args({128, 64, 512, kAvx512})->Args({128, 32, 128, kAvx512})->Args({128, 128, 128, kAvx512});
-})->Unit(benchmark::kMicrosecond);
+})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

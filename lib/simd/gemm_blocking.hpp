@@ -1,6 +1,6 @@
 // GEMM register tiles and cache blocks per ISA (BLIS terms). The microkernel computes an MR×NR tile
 // of C (NR = NV vectors of W floats); the loops around it (gemm_impl.hpp) are
-//   for jc in N step NC:                     B block KC×NC, packed once, stays in L2
+//   for jc in N step NC:                     B block KC×NC, packed once, stays in L2 (see NC)
 //     for pc in K, ceil(K/KC) equal k-blocks:
 //       pack B[pc.., jc..]                   (or read it in place, see gemm_impl.hpp)
 //       for ir in M step MR:                 A micro-panel MR×KC stays in L1 (packed only if op(A) = Aᵀ)
@@ -9,12 +9,14 @@
 // Why these sizes (targets: Sapphire Rapids 48 KB L1d / 2 MB L2 per core, two 512-bit FMA ports; and
 // the Zen 4 host where they were measured, 32 KB L1d / 1 MB L2, 512-bit FMA at one per cycle):
 //   KC = 768: C tiles are loaded and stored once per k-block; at K = 768 (BERT-base) one block, so C is
-//     written once. Smaller KC measured 5-15% slower on 1024×2304×768 (KC 256: 85, 384: 97, 768: 103
-//     GFLOP/s with the other blocks fixed), because each extra k-block is one more read+write of C.
+//     written once. Smaller KC measured slower on 1024×2304×768 (KC 256: 85, 384: 97, 768: 103 GFLOP/s
+//     in an earlier loop order; KC 512 vs 768 now: 106.5 vs 107.7), because each extra k-block is one
+//     more read and write of C. KC 1024 gains nothing at K = 768 and makes the A micro-panel spill L1.
 //     The A micro-panel MR×KC (AVX-512: 8×768×4 B = 24 KB) still fits L1d.
-//   NC = 256: the packed B block KC×NC = 768 KB fits the 1 MB L2 (and well within 2 MB), so each B
-//     element comes from L2 for all M/MR micro-panels of A; A is re-read from L3 N/NC times instead.
-//     NC 192..384 measured within noise of each other.
+//   NC = 512: the packed B block KC×NC = 1.5 MB fits Sapphire Rapids' 2 MB L2, so each B element
+//     comes from L2 for all M/MR micro-panels of A, and A is re-read from L3 only N/NC times. On Zen 4
+//     the block overflows the 1 MB L2 and B panels stream from L3 instead, which measured no slower:
+//     NC 128/256/384/512/768 gave 107.5/108.2/107.8/109.2/107.9 GFLOP/s (medians of 3-5 runs).
 //   MC: none. A micro-panel is used for one sweep over the B block while it sits in L1 and is not
 //     needed again for that (jc, pc), so there is no A block to size for L2.
 // Register tiles (measured on 1024×2304×768, in-context, see bench_gemm): AVX-512 6×32 and 8×32
@@ -34,21 +36,21 @@ struct GemmBlocking;
 template <>
 struct GemmBlocking<arch_avx512> {
     static constexpr std::size_t W = 16, MR = 8, NV = 2, NR = NV * W;
-    static constexpr std::size_t KC = 768, NC = 256;
+    static constexpr std::size_t KC = 768, NC = 512;
 };
 
 // AVX2 + FMA (16 ymm): 6×16 = 12 accumulators + 2 B vectors + 1 broadcast.
 template <>
 struct GemmBlocking<arch_avx2> {
     static constexpr std::size_t W = 8, MR = 6, NV = 2, NR = NV * W;
-    static constexpr std::size_t KC = 768, NC = 256;
+    static constexpr std::size_t KC = 768, NC = 512;
 };
 
 // SSE2 (16 xmm, no FMA): 6×8 = 12 accumulators + 2 B vectors + 1 broadcast.
 template <>
 struct GemmBlocking<arch_sse2> {
     static constexpr std::size_t W = 4, MR = 6, NV = 2, NR = NV * W;
-    static constexpr std::size_t KC = 768, NC = 256;
+    static constexpr std::size_t KC = 768, NC = 512;
 };
 
 }  // namespace mha::simd
