@@ -47,9 +47,8 @@ inline MHA_GEMM_INLINE void unroll(F&& f) {
 // x·y + z, fused where the ISA has FMA. Spelled with the intrinsic on AVX-512 because xsimd 8.1 has no
 // fused kernel there and leaves the contraction to the compiler (clang does not contract by default).
 template <class Arch>
-inline __attribute__((always_inline)) xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch> x,
-                                                                      xsimd::batch<float, Arch> y,
-                                                                      xsimd::batch<float, Arch> z) {
+inline MHA_GEMM_INLINE xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch> x, xsimd::batch<float, Arch> y,
+                                                       xsimd::batch<float, Arch> z) {
     if constexpr (std::is_same_v<Arch, arch_avx512>)
         return _mm512_fmadd_ps(x, y, z);
     else if constexpr (std::is_same_v<Arch, arch_avx2>)
