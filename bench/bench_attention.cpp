@@ -16,12 +16,16 @@
 //                      scalar is at B = --scalar-batch, one thread; the simd on all threads).
 //   speedup_vs_1t      threads: GFLOP/s ÷ GFLOP/s of the 1-thread run.
 //   scratch            lengths: bytes of working memory, computed from the shape (see scratch_bytes).
-//   rss_growth         lengths: measured growth of the process's peak RSS over one untimed forward call
-//                      (see PeakRss); includes the Q/K/V/context buffers the model above counts.
+//   rss_growth         lengths: measured rise of the peak resident memory over one forward call in a
+//                      fresh process (this binary re-run with --memory-probe, see probe_memory): the
+//                      same memory the model above counts, as the system sees it. A fresh process,
+//                      because the library keeps its buffers per thread for later calls.
 // Our flags are removed before benchmark::Initialize; Google Benchmark's own flags work as usual
 // (--benchmark_filter, --benchmark_min_time=0.01, --benchmark_out=FILE --benchmark_out_format=json).
 #include <benchmark/benchmark.h>
-#include <sys/resource.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -197,11 +201,10 @@ double scratch_bytes(const Shape& s, mha::Impl impl, unsigned threads) {
     return 4.0 * (buffers + threads * per_thread);
 }
 
-// The process's peak resident set size can be reset on Linux (writing 5 to /proc/self/clear_refs,
-// since 4.0), after which getrusage's ru_maxrss restarts from the current RSS. The growth of ru_maxrss
-// over one call is then the call's peak extra memory. Freed heap is returned first (malloc_trim), so
-// memory the allocator kept from earlier runs does not hide the call's allocations; per-thread scratch
-// that earlier runs already grew to this size is not counted again.
+// Peak resident memory of the process, resettable on Linux: writing 5 to /proc/self/clear_refs (since
+// 4.0) sets the high-water mark VmHWM (/proc/self/status) back to the current RSS, so its rise over a
+// call is the call's peak extra memory. (getrusage's ru_maxrss is not used: it also keeps the peak
+// recorded whenever a thread exits, which no reset clears.) Freed heap goes back to the system first.
 struct PeakRss {
     static bool reset() {
 #if defined(__GLIBC__)
@@ -210,12 +213,14 @@ struct PeakRss {
         std::ofstream f("/proc/self/clear_refs");
         f << "5";
         f.flush();
-        return bool(f);
+        return bool(f) && high_water_bytes() > 0;
     }
-    static double max_bytes() {
-        rusage r{};
-        getrusage(RUSAGE_SELF, &r);
-        return double(r.ru_maxrss) * 1024.0;  // Linux reports KiB
+    // VmHWM in bytes, or 0 if it cannot be read.
+    static double high_water_bytes() {
+        std::ifstream status("/proc/self/status");
+        for (std::string line; std::getline(status, line);)
+            if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // "VmHWM:  1234 kB"
+        return 0;
     }
 };
 
@@ -226,6 +231,113 @@ std::vector<float> random_floats(std::size_t n, float scale, unsigned seed) {
     for (float& x : v) x = dist(gen);
     return v;
 }
+
+// One self-attention problem: random weights (scaled 1/sqrt(E), which keeps activations O(1) as trained
+// weights do), a random query, the output (touched now, so its pages are not the forward's growth).
+struct Problem {
+    std::vector<float> in_w, in_b, out_w, out_b, query, output;
+    mha::MultiheadAttention attention;
+    mha::AttentionInputs in;
+    mha::AttentionOutputs out;
+
+    explicit Problem(const Shape& s)
+        : in_w(random_floats(3 * s.E * s.E, 1.0f / std::sqrt(float(s.E)), 1)), in_b(random_floats(3 * s.E, 0.1f, 2)),
+          out_w(random_floats(s.E * s.E, 1.0f / std::sqrt(float(s.E)), 3)), out_b(random_floats(s.E, 0.1f, 4)),
+          query(random_floats(s.B * s.L * s.E, 1.0f, 5)), output(query.size(), 0.0f),
+          attention(weights(), s.E, s.H) {
+        in.query = mha::ConstBatch(query.data(), s.B, s.L, s.E);  // key, value unset: self-attention
+        out.output = mha::Batch(output.data(), s.B, s.L, s.E);
+    }
+    mha::AttentionWeights weights() const {
+        mha::AttentionWeights w;
+        w.in_proj_weight = in_w.data();
+        w.in_proj_bias = in_b.data();
+        w.out_proj_weight = out_w.data();
+        w.out_proj_bias = out_b.data();
+        return w;
+    }
+    void forward(const mha::ForwardOptions& opt) const { attention.forward(in, out, opt); }
+};
+
+mha::ForwardOptions options_for(mha::Backend backend, int threads, mha::Impl impl) {
+    mha::ForwardOptions opt;
+    opt.backend = backend;
+    opt.threads = threads;
+    opt.impl = impl;
+    return opt;
+}
+
+// One small forward on all threads outside any benchmark: starts the TBB workers.
+void warm_up() { Problem({1, 64, 64, 4}).forward({}); }
+
+// --- memory probe: one forward in a fresh process ---------------------------------------------------
+
+std::string g_self_exe;  // this binary, for the probe processes
+
+const char* impl_name(mha::Impl impl) {
+    return impl == mha::Impl::fused ? "fused" : impl == mha::Impl::materialized ? "materialized" : "automatic";
+}
+
+// The child's side (--memory-probe=B,L,E,H,impl,threads): prints the rise of VmHWM over one simd forward
+// after the problem exists and the TBB workers run, or -1.
+int memory_probe_main(const std::string& spec) {
+    std::size_t B = 0, L = 0, E = 0, H = 0;
+    int threads = 0;
+    char impl[16] = {};
+    if (std::sscanf(spec.c_str(), "%zu,%zu,%zu,%zu,%15[a-z],%d", &B, &L, &E, &H, impl, &threads) != 6 || B == 0 ||
+        L == 0 || E == 0 || H == 0 || E % H != 0 || threads < 0) {
+        std::fprintf(stderr, "bench_attention: bad --memory-probe=%s\n", spec.c_str());
+        return 2;
+    }
+    const mha::Impl which = std::string(impl) == "fused" ? mha::Impl::fused
+                            : std::string(impl) == "materialized" ? mha::Impl::materialized
+                                                                   : mha::Impl::automatic;
+    warm_up();
+    const Problem problem({B, L, E, H});
+    double growth = -1;
+    if (PeakRss::reset()) {
+        const double before = PeakRss::high_water_bytes();
+        problem.forward(options_for(mha::Backend::simd, threads, which));
+        growth = PeakRss::high_water_bytes() - before;
+    }
+    std::printf("%.0f\n", growth);
+    return 0;
+}
+
+// The parent's side: runs `this-binary --memory-probe=...` and reads its answer; -1 on any failure.
+double probe_memory(const Shape& s, mha::Impl impl, int threads) {
+    if (g_self_exe.empty()) return -1;
+    const std::string spec = "--memory-probe=" + std::to_string(s.B) + "," + std::to_string(s.L) + "," +
+                             std::to_string(s.E) + "," + std::to_string(s.H) + "," + impl_name(impl) + "," +
+                             std::to_string(threads);
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fd[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fd[0]);
+    posix_spawn_file_actions_addclose(&actions, fd[1]);
+    std::vector<char*> args{g_self_exe.data(), const_cast<char*>(spec.c_str()), nullptr};
+    pid_t pid = 0;
+    const int spawned = posix_spawn(&pid, g_self_exe.c_str(), &actions, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fd[1]);
+    std::string answer;
+    if (spawned == 0) {
+        char buf[256];
+        for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) answer.append(buf, std::size_t(n));
+    }
+    close(fd[0]);
+    int status = 0;
+    if (spawned != 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+    try {
+        return std::stod(answer);
+    } catch (const std::exception&) {
+        return -1;
+    }
+}
+
+// --- the benchmark body ---------------------------------------------------------------------------
 
 // What a run compares itself with: it records its GFLOP/s under `record` and, if another run recorded
 // under `compare_with`, reports own ÷ that as the counter `counter`.
@@ -250,46 +362,32 @@ Case make_case(Shape shape, mha::Backend backend, int threads, mha::Impl impl = 
 
 void run_case(benchmark::State& state, const Case& c) {
     const Shape& s = c.shape;
-    const std::size_t E = s.E;
-    const float w_scale = 1.0f / std::sqrt(float(E));  // keeps activations O(1), as trained weights do
-    const auto in_w = random_floats(3 * E * E, w_scale, 1), in_b = random_floats(3 * E, 0.1f, 2);
-    const auto out_w = random_floats(E * E, w_scale, 3), out_b = random_floats(E, 0.1f, 4);
-    const auto query = random_floats(s.B * s.L * E, 1.0f, 5);
-    std::vector<float> output(s.B * s.L * E, 0.0f);  // touched now, so its pages are not the call's growth
+    const mha::ForwardOptions opt = options_for(c.backend, c.threads, c.impl);
+    // Google Benchmark calls this several times per benchmark (and per repetition): probe once.
+    static std::map<std::string, double> probed;
+    double rss_growth = -1;
+    if (c.memory) {
+        const std::string key = std::string(impl_name(c.impl)) + "/" + std::to_string(s.L) + "/" + std::to_string(c.threads);
+        const auto it = probed.find(key);
+        rss_growth = it != probed.end() ? it->second : (probed[key] = probe_memory(s, c.impl, c.threads));
+    }
 
-    mha::AttentionWeights w;
-    w.in_proj_weight = in_w.data();
-    w.in_proj_bias = in_b.data();
-    w.out_proj_weight = out_w.data();
-    w.out_proj_bias = out_b.data();
-    const mha::MultiheadAttention attention(w, E, s.H);
-    mha::AttentionInputs in;
-    in.query = mha::ConstBatch(query.data(), s.B, s.L, E);  // key, value unset: self-attention
-    mha::AttentionOutputs out;
-    out.output = mha::Batch(output.data(), s.B, s.L, E);
-    mha::ForwardOptions opt;
-    opt.backend = c.backend;
-    opt.threads = c.threads;
-    opt.impl = c.impl;
-
-    // Untimed first call: starts the TBB workers, grows the per-thread scratch, and measures memory.
-    const bool rss_reset = c.memory && PeakRss::reset();
-    const double rss_before = PeakRss::max_bytes();
+    const Problem problem(s);
+    // Untimed first call: starts the TBB workers and grows the per-thread buffers.
     try {
-        attention.forward(in, out, opt);
+        problem.forward(opt);
     } catch (const std::exception& e) {
         state.SkipWithError(e.what());
         return;
     }
-    const double rss_growth = std::max(0.0, PeakRss::max_bytes() - rss_before);
 
     // The calls are also timed here (what UseRealTime measures, less the loop's own overhead) for the
     // derived counters, which Google Benchmark would otherwise print as rates per second.
     double seconds = 0;
     for (auto _ : state) {
         const auto t0 = std::chrono::steady_clock::now();
-        attention.forward(in, out, opt);
-        benchmark::DoNotOptimize(output.data());
+        problem.forward(opt);
+        benchmark::DoNotOptimize(problem.output.data());
         benchmark::ClobberMemory();
         seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -299,7 +397,10 @@ void run_case(benchmark::State& state, const Case& c) {
     state.counters["GFLOPS"] = benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
     const double gflops = gflop * double(state.iterations()) / seconds;
     if (g_peak.gflops_1 > 0) state.counters["pct_peak"] = 100.0 * gflops / g_peak.for_threads(threads);
-    if (!c.record.empty()) g_baseline_gflops[c.record] = gflops;
+    if (!c.record.empty()) {  // with --benchmark_repetitions: the best repetition
+        double& best = g_baseline_gflops[c.record];
+        best = std::max(best, gflops);
+    }
     if (!c.compare_with.empty()) {
         const auto base = g_baseline_gflops.find(c.compare_with);
         if (base != g_baseline_gflops.end()) state.counters[c.counter] = gflops / base->second;
@@ -307,26 +408,11 @@ void run_case(benchmark::State& state, const Case& c) {
     if (c.memory) {
         state.counters["scratch"] = benchmark::Counter(scratch_bytes(s, c.impl, threads), benchmark::Counter::kDefaults,
                                                        benchmark::Counter::kIs1024);
-        if (rss_reset)  // without the reset, ru_maxrss only shows growth past every earlier run's peak
+        if (rss_growth >= 0)
             state.counters["rss_growth"] =
                 benchmark::Counter(rss_growth, benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
     }
     if (!c.label.empty()) state.SetLabel(c.label);
-}
-
-// One small forward on all threads outside any benchmark: starts the TBB workers.
-void warm_up(const Shape& s) {
-    const auto in_w = random_floats(3 * s.E * s.E, 0.1f, 1), out_w = random_floats(s.E * s.E, 0.1f, 2);
-    const auto query = random_floats(s.B * s.L * s.E, 1.0f, 3);
-    std::vector<float> output(query.size());
-    mha::AttentionWeights w;
-    w.in_proj_weight = in_w.data();
-    w.out_proj_weight = out_w.data();
-    mha::AttentionInputs in;
-    in.query = mha::ConstBatch(query.data(), s.B, s.L, s.E);
-    mha::AttentionOutputs out;
-    out.output = mha::Batch(output.data(), s.B, s.L, s.E);
-    mha::MultiheadAttention(w, s.E, s.H).forward(in, out);
 }
 
 // --- registration ----------------------------------------------------------------------------------
@@ -413,6 +499,12 @@ void register_lengths(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc == 2 && std::string(argv[1]).rfind("--memory-probe=", 0) == 0)
+        return memory_probe_main(std::string(argv[1]).substr(15));
+    char self[4096];
+    const ssize_t self_len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (self_len > 0) g_self_exe.assign(self, std::size_t(self_len));
+
     const Options options = parse_options(argc, argv);
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
@@ -433,7 +525,7 @@ int main(int argc, char** argv) {
     }
 
     // Start the TBB workers and grow their stacks before the first measurement.
-    if (!listing) warm_up({1, 64, 64, 4});
+    if (!listing) warm_up();
 
     if (options.suites.count("bert")) register_bert();
     if (options.suites.count("heads")) register_heads(options);

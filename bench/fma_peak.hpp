@@ -24,13 +24,11 @@ struct FmaPeak {
     double gflops_1 = 0;           // one thread
     double gflops_all = 0;         // all `threads` threads together
 
-    // The peak available to a run on t threads: the measured all-thread figure when t covers every
-    // hardware thread (all-core clocks may be lower), else t single-thread peaks. A busy machine only
-    // lowers a measurement, so a thread's peak is taken as the better of its two estimates.
-    double for_threads(unsigned t) const {
-        if (t >= threads) return gflops_all;
-        return std::max(gflops_1, gflops_all / threads) * t;
-    }
+    // The peak available to a run on t threads: t times the better per-thread estimate. Other work on
+    // the machine (or vCPUs that share a physical core) only ever lowers a measurement, and the
+    // all-thread run is the more exposed to it; where all-core clocks are lower than one-core clocks,
+    // this overstates the all-thread peak by that ratio.
+    double for_threads(unsigned t) const { return std::max(gflops_1, gflops_all / threads) * t; }
 };
 
 namespace fma_detail {

@@ -15,6 +15,7 @@
 #   --scalar-batch N     batch of the scalar reference runs in the head sweep (default 1; it is slow)
 #   --no-scalar          skip the scalar runs
 #   --min-time SECONDS   Google Benchmark's --benchmark_min_time per benchmark (default: its own, 0.5)
+#   --repetitions N      run each benchmark N times; tables and charts use the fastest (default 1)
 #   --quick              CI-sized smoke run: a few heads at E 768, B 2, short lengths, min time 0.01 s
 #                        (explicit options still win)
 # Environment: MHA_BUILD_DIR (default build) is where bench/bench_attention is looked for.
@@ -27,7 +28,7 @@ die() { echo "scaling.sh: $*" >&2; exit 2; }
 
 out=results
 suites=heads,threads,lengths
-heads="" embed="" batch="" seq="" threads="" lengths="" scalar_batch="" min_time="" no_scalar=0 quick=0
+heads="" embed="" batch="" seq="" threads="" lengths="" scalar_batch="" min_time="" repetitions="" no_scalar=0 quick=0
 while [ $# -gt 0 ]; do
   opt=$1
   case "$opt" in
@@ -48,6 +49,7 @@ while [ $# -gt 0 ]; do
     --lengths) lengths=$2 ;;
     --scalar-batch) scalar_batch=$2 ;;
     --min-time) min_time=$2 ;;
+    --repetitions) repetitions=$2 ;;
     *) die "unknown option $opt (see --help)" ;;
   esac
   shift 2
@@ -76,6 +78,7 @@ flags=()
 [ -n "$scalar_batch" ] && flags+=("--scalar-batch=$scalar_batch")
 [ "$no_scalar" = 1 ] && flags+=("--no-scalar")
 [ -n "$min_time" ] && flags+=("--benchmark_min_time=$min_time")
+[ -n "$repetitions" ] && flags+=("--benchmark_repetitions=$repetitions" "--benchmark_report_aggregates_only=false")
 
 IFS=, read -r -a suite_list <<< "$suites"
 for s in "${suite_list[@]}"; do
