@@ -17,8 +17,13 @@ constexpr std::size_t kAlign = 64;
 // Rows of a projection task: large enough for the GEMM's row blocking, small enough to give every
 // core work at B·L = 128 tokens.
 constexpr std::size_t kRowBlock = 64;
-// Query rows of an attention task.
+// Query rows of an attention task. Materialized: 64 rows × Lk scores stay in L2. Fused: 128 rows
+// halve how often each key/value tile is streamed, and the GEMM still reads the Kᵀ and V tiles in
+// place (it does so up to 256 rows of A).
 constexpr std::size_t kQueryBlock = 64;
+constexpr std::size_t kFusedQueryBlock = 128;
+// Transpose tile of K → Kᵀ.
+constexpr std::size_t kTransposeBlock = 32;
 
 bool same_view(const ConstBatch& a, const ConstBatch& b) {
     return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols &&
@@ -55,10 +60,10 @@ float* Scratch::get(std::size_t n, Slot slot) {
 }
 
 AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs&,
-                             const ForwardOptions& opt)
+                             const ForwardOptions& opt, bool fused)
     : E(st.E), H(st.H), head_dim(st.E / st.H), B(in.query.batch), Lq(in.query.rows), Lk(in.key.rows),
       scale(1.0f / std::sqrt(static_cast<float>(st.E / st.H))), causal(opt.causal), need_weights(opt.need_weights),
-      query_block(kQueryBlock), row_block(kRowBlock),
+      query_block(fused ? kFusedQueryBlock : kQueryBlock), row_block(kRowBlock),
       self_attention(same_view(in.query, in.key) && same_view(in.key, in.value)), norm_eps_(opt.norm_eps) {
     if (self_attention) {
         float* qkv = Scratch::get(B * Lq * 3 * E, Scratch::projections);
@@ -72,6 +77,7 @@ AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const Attentio
         V = Batch(kv + E, B, Lk, E, 2 * E, Lk * 2 * E);
     }
     C = Batch(Scratch::get(B * Lq * E, Scratch::context), B, Lq, E);
+    if (fused) Kt = Batch(Scratch::get(B * E * Lk, Scratch::keys_transposed), B, E, Lk);
     if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
     if (in.attn_mask.present()) {
         attn_mask_ = additive(in.attn_mask, attn_mask_store_);
@@ -108,6 +114,20 @@ void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const At
                     simd::gemm_packed(1.0f, in.value[b].row_block(r0, n), Trans::no, st.wv, 0.0f, bias + 2 * E,
                                       V[b].row_block(r0, n));
             }
+        }
+    });
+}
+
+void AttentionPlan::transpose_keys() const {
+    const std::size_t nj = (Lk + kTransposeBlock - 1) / kTransposeBlock;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nj), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t b = t / nj, j0 = (t % nj) * kTransposeBlock, nrow = std::min(kTransposeBlock, Lk - j0);
+            const ConstMatrix k = K[b];
+            const Matrix kt = Kt[b];
+            for (std::size_t c0 = 0; c0 < E; c0 += kTransposeBlock)
+                for (std::size_t c = c0; c < std::min(E, c0 + kTransposeBlock); ++c)
+                    for (std::size_t j = j0; j < j0 + nrow; ++j) kt(c, j) = k(j, c);
         }
     });
 }

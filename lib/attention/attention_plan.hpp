@@ -35,7 +35,8 @@ private:
 // buffers of one forward call on the calling thread, whose wait is isolated so that thread cannot
 // start another forward meanwhile.
 struct Scratch {
-    enum Slot { scores = 0, accumulator = 1, row_stats = 2, projections = 3, key_values = 4, context = 5, count = 6 };
+    enum Slot { scores = 0, accumulator = 1, row_stats = 2, projections = 3, key_values = 4, context = 5, keys_transposed = 6,
+               count = 7 };
     static float* get(std::size_t n, Slot slot);
 };
 
@@ -44,15 +45,19 @@ struct AttentionPlan {
     float scale;  // 1/sqrt(head_dim)
     bool causal;
     NeedWeights need_weights;
-    std::size_t query_block;  // query rows per attention task (depends on the shape only)
+    std::size_t query_block;  // query rows per attention task (depends on the path only, not the threads)
     std::size_t row_block;    // token rows per projection task (depends on the shape only)
     bool self_attention;      // query, key and value are the same view: one GEMM for Q, K and V
 
     Batch Q, K, V;  // [B, Lq|Lk, E] views (row stride 3E for self-attention)
     Batch C;        // context [B, Lq, E]
+    Batch Kt;       // fused path only: Kᵀ per batch [B, E, Lk], so head h's Kᵀ is rows [h·d, h·d + d)
+
+    // Fills Kt from K (after project_inputs), parallel over (batch, column blocks). Call inside the arena.
+    void transpose_keys() const;
 
     AttentionPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
-                  const ForwardOptions& opt);
+                  const ForwardOptions& opt, bool fused);
 
     // The additive key-padding row of batch b ([Lk]), or nullptr.
     const float* key_padding_row(std::size_t b) const noexcept { return key_padding_ ? key_padding_ + b * Lk : nullptr; }

@@ -55,15 +55,15 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
 
 void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
                               const AttentionOutputs& out, const ForwardOptions& opt) {
-    AttentionPlan p(st, in, out, opt);
-    const std::size_t B = p.B, H = p.H, Lq = p.Lq, Lk = p.Lk;
-
     // need_weights must return the probabilities, so it always takes the materialized path.
     const bool fused = opt.need_weights == NeedWeights::none &&
-                       (opt.impl == Impl::fused || (opt.impl == Impl::automatic && Lk >= detail::kFusedMinKeys));
+                       (opt.impl == Impl::fused || (opt.impl == Impl::automatic && in.key.rows >= detail::kFusedMinKeys));
+    AttentionPlan p(st, in, out, opt, fused);
+    const std::size_t B = p.B, H = p.H, Lq = p.Lq, Lk = p.Lk;
 
     auto run = [&] {
         p.project_inputs(st, in);
+        if (fused) p.transpose_keys();
 
         const std::size_t qb = p.query_block;
         const std::size_t nqb = (Lq + qb - 1) / qb;
