@@ -172,7 +172,17 @@ def markdown(contexts, runs):
     return "\n".join(lines)
 
 
-def plot(runs, out_dir):
+def peak_gflops(context, threads):
+    """The FMA peak on `threads` threads as bench_attention counts it (FmaPeak::for_threads), or None."""
+    try:
+        one = float(context["fma_peak_gflops_1thread"])
+        every = float(context["fma_peak_gflops_all_threads"]) / int(context["fma_peak_threads"])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+    return max(one, every) * threads
+
+
+def plot(contexts, runs, out_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -181,6 +191,7 @@ def plot(runs, out_dir):
 
     heads = [r for r in runs if r["suite"] == "heads"]
     if heads:
+        hs_all = sorted({r["H"] for r in heads})
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
         for backend, style in (("simd", "-o"), ("scalar", "--s")):
             for E in sorted({r["E"] for r in heads}):
@@ -196,10 +207,17 @@ def plot(runs, out_dir):
                                 if r["backend"] == "simd" and r["E"] == E and "speedup_vs_scalar" in r)
                     if sp:
                         ax2.plot([p[0] for p in sp], [p[1] for p in sp], "-o", label=f"E={E}")
+        for T in sorted({r["threads"] for r in heads}):
+            peak = peak_gflops(contexts[heads[0]["context"]], T)
+            if peak:
+                ax.axhline(peak, color="gray", ls=":", lw=1)
+                ax.annotate(f"FMA peak, {T} thread{'s' if T != 1 else ''}", (hs_all[0], peak),
+                            textcoords="offset points", xytext=(2, -10), fontsize=7, color="gray")
         L = heads[0].get("L")
         ax.set(xscale="log", yscale="log", xlabel="heads H", ylabel="GFLOP/s",
                title=f"Self-attention forward, L={L}")
         ax2.set(xscale="log", xlabel="heads H", ylabel="simd ÷ scalar GFLOP/s", title="Speedup over the scalar reference")
+        ax2.set_ylim(bottom=0)
         hs = sorted({r["H"] for r in heads})
         for a in (ax, ax2):
             a.set_xticks(hs)
@@ -297,7 +315,7 @@ def main():
     print(table)
 
     try:
-        written = plot(runs, args.out)
+        written = plot(contexts, runs, args.out)
     except ImportError as e:
         print(f"plot_bench: no charts ({e}); install python3-matplotlib", file=sys.stderr)
         written = []
