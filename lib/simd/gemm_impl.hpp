@@ -87,7 +87,7 @@ struct Gemm {
         if (K == 0) return scale_only(beta, bias, c);
 
         const std::size_t KC = b_packed != nullptr ? b_packed->kc : Blk::KC;
-        const std::size_t nkb = kblock_count(K, KC), kc_max = kblock_start(1, K, nkb);
+        const std::size_t nkb = kblock_count(K, KC), kc_max = (K + nkb - 1) / nkb;  // the longest balanced k-block
         const std::size_t nc_max = std::min(Blk::NC, N);
         // op(B) = B stored row-major, one k-block and one N block, few rows of A (attention's P·V_h): B's
         // rows are read in place, since a packed copy would be reused by too few A micro-panels to pay
