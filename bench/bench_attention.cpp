@@ -190,14 +190,17 @@ unsigned effective_threads(mha::Backend backend, int threads) {
     return unsigned(threads == 0 ? max : std::min(threads, max));
 }
 
-// Working memory of one forward, in bytes, from the shape (what the SIMD backend allocates):
-//   buffers, both impls: projected Q|K|V [B, L, 3E] + context [B, L, E] = B·L·4E floats;
-//   materialized: per thread one 64-query block of scores, 64·L floats;
-//   fused: per thread a 64×256 score tile + a 64×d context accumulator (+ 2·64 row statistics).
+// Working memory of one forward, in bytes, from the shape: what the SIMD backend allocates (mirrors
+// lib/attention; the measured rss_growth checks it):
+//   both impls: projected Q|K|V [B, L, 3E] + context [B, L, E] = B·L·4E floats;
+//   materialized: per thread the scores of one 64-query block, 64·L floats;
+//   fused: Kᵀ [B, E, L] (B·L·E floats), and per thread for one 128-query block a 128×256 score tile,
+//   a 128×d context accumulator and 2·128 row statistics.
 double scratch_bytes(const Shape& s, mha::Impl impl, unsigned threads) {
-    const double buffers = double(s.B) * double(s.L) * 4.0 * double(s.E);
-    const double d = double(s.E / s.H);
-    const double per_thread = impl == mha::Impl::fused ? 64.0 * 256.0 + 64.0 * d + 2.0 * 64.0 : 64.0 * double(s.L);
+    const double B = double(s.B), L = double(s.L), E = double(s.E), d = double(s.E / s.H);
+    const bool fused = impl == mha::Impl::fused;
+    const double buffers = B * L * (fused ? 5.0 : 4.0) * E;
+    const double per_thread = fused ? 128.0 * 256.0 + 128.0 * d + 2.0 * 128.0 : 64.0 * L;
     return 4.0 * (buffers + threads * per_thread);
 }
 

@@ -116,8 +116,8 @@ def describe(context):
 
 
 def buffer_bytes(run):
-    """The Q/K/V/context buffers of one forward: B·L·4E floats (both impls allocate them)."""
-    return 4 * run["B"] * run["L"] * 4 * run["E"]
+    """The whole-sequence buffers of one forward: Q/K/V/context B·L·4E floats, and Kᵀ B·L·E more for fused."""
+    return 4 * run["B"] * run["L"] * (5 if run.get("impl") == "fused" else 4) * run["E"]
 
 
 def markdown(contexts, runs):
@@ -162,8 +162,9 @@ def markdown(contexts, runs):
             notes.append("speedup vs scalar = simd GFLOP/s (all threads, batch above) ÷ scalar GFLOP/s at the same "
                          "E and H (one thread, its own batch).")
         if memory:
-            notes.append("scratch model = Q/K/V/context buffers B·L·4E floats + per thread 64·L score floats "
-                         "(materialized) or 64·256 + 64·d (+128) floats (fused). Peak RSS growth = measured rise of "
+            notes.append("scratch model = Q/K/V/context buffers B·L·4E floats, plus per thread 64·L score floats "
+                         "(materialized), or plus Kᵀ B·L·E floats and per thread 128·256 + 128·d + 256 floats "
+                         "(fused). Peak RSS growth = measured rise of "
                          "the peak resident memory (VmHWM) over one forward call in a fresh process, after the "
                          "inputs and weights exist.")
         for n in notes:
