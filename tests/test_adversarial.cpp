@@ -275,12 +275,10 @@ TEST(Adversarial, NaNInSelfAttentionStaysInItsBatch) {
     }
 }
 
-// Known gap, disabled until decided (reported): when every score of a query row is NaN (a NaN or an
-// inf anywhere in that query row makes its whole Q row NaN), the softmax treats the row like a fully
-// masked one: zero probabilities, output = out_proj bias, finite, so the bad input vanishes silently.
-// PyTorch gives NaN, and so does this library when only some of a row's scores are NaN. The expected
-// behavior here: NaN in every element of that output row (and only there).
-TEST(Adversarial, DISABLED_NaNOrInfQueryRowGivesNaNOutputRow) {
+// When every score of a query row is NaN (a NaN or an inf anywhere in that query row makes its whole
+// Q row NaN), the row must not pass for a fully masked one (zero probabilities, output = bias): like
+// PyTorch, every element of that output row is NaN, and only there.
+TEST(Adversarial, NaNOrInfQueryRowGivesNaNOutputRow) {
     Problem p = mha_test::random_problem(16, 2, 2, 8, 9, true, 22);
     const mha::MultiheadAttention attention(p.weights(), p.E, p.H);
     for (const float bad : {NAN, kInf}) {

@@ -67,7 +67,8 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
 
     const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);
     for (std::size_t r = 0; r < rows; ++r) {
-        const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+        // l = 0: every key masked, the row is 0. A NaN l (NaN scores) stays NaN.
+        const float inv = row_sum[r] == 0.0f ? 0.0f : 1.0f / row_sum[r];
         for (std::size_t col = 0; col < d; ++col) c(r, col) = o(r, col) * inv;
     }
 }

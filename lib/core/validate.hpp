@@ -21,8 +21,8 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
 // A non-empty matrix view with a valid pointer and stride >= cols.
 template <class T>
 void check_matrix(const char* name, const MatrixView<T>& m) {
-    if (m.data == nullptr) fail(std::string(name) + " is a null pointer");
     if (m.rows == 0 || m.cols == 0) fail(std::string(name) + " has zero size " + shape_str(m.rows, m.cols));
+    if (m.data == nullptr) fail(std::string(name) + " is a null pointer");
     if (m.stride < m.cols)
         fail(std::string(name) + " stride " + std::to_string(m.stride) + " is smaller than its row of " +
              std::to_string(m.cols) + " columns");
@@ -30,10 +30,10 @@ void check_matrix(const char* name, const MatrixView<T>& m) {
 
 template <class T>
 void check_batch(const char* name, const BatchView<T>& b) {
-    if (b.data == nullptr) fail(std::string(name) + " is a null pointer");
     if (b.batch == 0 || b.rows == 0 || b.cols == 0)
         fail(std::string(name) + " has zero size [" + std::to_string(b.batch) + ", " + std::to_string(b.rows) + ", " +
              std::to_string(b.cols) + "]");
+    if (b.data == nullptr) fail(std::string(name) + " is a null pointer");
     if (b.row_stride < b.cols)
         fail(std::string(name) + " row stride " + std::to_string(b.row_stride) + " is smaller than its row of " +
              std::to_string(b.cols) + " columns");

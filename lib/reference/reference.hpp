@@ -16,7 +16,8 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 
 // In place on x[0, n): z_j = scale·x_j + mask0_j + mask1_j for j < n_valid (masks may be null);
 // x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, 0 for j >= n_valid.
-// If every z_j is -inf (or n_valid == 0) the whole row becomes 0.
+// If every z_j is -inf (or n_valid == 0) the whole row becomes 0; if every z_j is -inf or NaN and
+// at least one is NaN, entries below n_valid become NaN (a NaN is never mistaken for a masked row).
 void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
                  const float* mask1) noexcept;
 

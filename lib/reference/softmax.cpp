@@ -18,7 +18,11 @@ void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, cons
         if (z > max) max = z;
     }
     if (max == -std::numeric_limits<float>::infinity()) {
-        for (std::size_t j = 0; j < n; ++j) x[j] = 0.0f;
+        // Every z is -inf (fully masked: zeros) or NaN (then NaN, never a silent "masked" row).
+        bool has_nan = false;
+        for (std::size_t j = 0; j < n_valid; ++j)
+            if (std::isnan(x[j])) has_nan = true;
+        for (std::size_t j = 0; j < n; ++j) x[j] = has_nan && j < n_valid ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
         return;
     }
     float sum = 0.0f;

@@ -40,8 +40,10 @@ float softmax_tile_online_kernel::operator()(Arch, float* x, std::size_t n, std:
     }
     running_max = m;
     if (m == -std::numeric_limits<float>::infinity()) {
+        // Nothing finite yet: a masked tile contributes 0, but a NaN score must not vanish as if masked.
+        const bool has_nan = std::any_of(x, x + n_valid, [](float z) { return z != z; });
         std::fill(x, x + n, 0.0f);
-        return 0.0f;
+        return has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
     }
 
     const B vm(m);

@@ -2,7 +2,7 @@
 // softmax_<isa>.cpp TUs. In place on x[0, n):
 //   z_j = scale·x_j (+ mask0_j) (+ mask1_j) for j < n_valid,
 //   x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, x_j = 0 for n_valid <= j < n;
-//   a row whose z are all -inf (or n_valid == 0) becomes 0. NaN in z makes the row's valid entries NaN,
+//   a row whose z are all -inf (or n_valid == 0) becomes 0 (if the others are NaN: NaN). NaN in z makes the row's valid entries NaN,
 //   as in the reference (the max skips NaN, the sum does not).
 // Preconditions: n_valid <= n; the masks (if non-null) hold n_valid floats and do not overlap x.
 // Three passes over the row, which stays in L1/L2 (n <= 8192):
@@ -14,6 +14,7 @@
 // path. (At -O0, xsimd::exp's own scalar-constant helpers still are, in the AVX2 and SSE2 TUs.)
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <limits>
 
 #include "softmax.hpp"
@@ -151,10 +152,14 @@ void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t 
     }
     const float max = softmax_detail::reduce_max(arch, xsimd::max(max_a, max_b));
 
-    if (max == neg_inf) {  // all -inf, all NaN, or n_valid == 0: the row is 0
-        const B zero(0.0f);
-        for (j = 0; j + W <= n; j += W) zero.store_unaligned(x + j);
-        if (j < n) store_head(arch, zero, x + j, n - j);
+    if (max == neg_inf) {
+        // Every z is -inf or NaN (or n_valid == 0). Fully masked: the row is 0. But a NaN must not
+        // vanish into a "masked" row: if any z is NaN the valid entries become NaN (a rare branch).
+        const bool has_nan = std::any_of(x, x + n_valid, [](float z) { return z != z; });
+        const B fill(has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+        for (j = 0; j + W <= n_valid; j += W) fill.store_unaligned(x + j);
+        if (j < n_valid) store_head(arch, fill, x + j, n_valid - j);
+        std::fill(x + n_valid, x + n, 0.0f);
         return;
     }
 
