@@ -266,6 +266,22 @@ TEST_F(ForwardValidation, NeedWeightsWithoutBuffer) {
     expect_rejected("need_weights is set but attn_weights is a null pointer");
 }
 
+TEST_F(ForwardValidation, OutOfRangeNeedWeights) {
+    opt.need_weights = static_cast<NeedWeights>(5);
+    expect_rejected("need_weights 5 is not none, averaged or per_head");
+}
+
+TEST_F(ForwardValidation, OutOfRangeImpl) {
+    opt.impl = static_cast<mha::Impl>(7);
+    expect_rejected("impl 7 is not automatic, materialized or fused");
+}
+
+TEST_F(ForwardValidation, OutOfRangeBackend) {
+    opt.backend = static_cast<Backend>(3);
+    expect_invalid([&] { attention.forward(in, out, opt); }, "backend 3 is not scalar or simd");
+    EXPECT_TRUE(all_equal(output, kSentinel)) << "output written";
+}
+
 TEST_F(ForwardValidation, NegativeThreads) {
     opt.threads = -1;
     expect_rejected("threads -1 is negative");

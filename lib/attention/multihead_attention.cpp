@@ -116,6 +116,12 @@ void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionO
             detail::overlaps(weights, in.key) || detail::overlaps(weights, in.value))
             fail("attn_weights [" + std::to_string(count) + " floats] overlaps output, query, key or value");
     }
+    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
+        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
+    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
+        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
+    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
+        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
     if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
     if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
         fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
