@@ -1,6 +1,8 @@
 // The `mha` command-line tool: `mha run` (attention on .npy files), `mha bench` (time one op),
 // `mha --version`, `mha --help`. Flags are parsed by CLI11. Every error, from the flags or from the
 // work, is reported as exactly one line on stderr with a nonzero exit code.
+#include <cstdlib>
+#include <cerrno>
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -41,6 +43,16 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
 
     const CLI::Range thread_count(0, std::numeric_limits<int>::max());
+    // CLI::PositiveNumber's message prints DBL_MAX in full and accepts 1e30; say it plainly instead.
+    const CLI::Validator positive(
+        [](std::string& v) {
+            char* end = nullptr;
+            errno = 0;
+            const long long n = std::strtoll(v.c_str(), &end, 10);
+            const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= 1;
+            return ok ? std::string() : "must be a positive integer, got '" + v + "'";
+        },
+        "POSITIVE");
 
     // --- mha run ------------------------------------------------------------------------------
     RunOptions run_opts;
@@ -51,7 +63,7 @@ int main(int argc, char** argv) {
                     "key.npy, value.npy, in_proj_bias.npy, out_proj.bias.npy, key_padding_mask.npy, attn_mask.npy, "
                     "norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
         ->required();
-    run->add_option("--heads", run_opts.heads, "Number of heads H (must divide the embed dim)")->required()->check(CLI::PositiveNumber);
+    run->add_option("--heads", run_opts.heads, "Number of heads H (must divide the embed dim)")->required()->check(positive);
     run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
     CLI::Option* norm_opt = run->add_option("--norm-eps", norm_eps, "Apply the post-norm block LayerNorm(out + query) with this eps");
     run->add_flag("--need-weights", run_opts.need_weights, "Also write attn_weights.npy (averaged over heads) next to the output");
@@ -72,28 +84,28 @@ int main(int argc, char** argv) {
     std::vector<std::pair<CLI::Option*, std::vector<BenchOp>>> op_specific;
     auto only_for = [&](CLI::Option* o, std::vector<BenchOp> ops) { op_specific.emplace_back(o, std::move(ops)); };
     const std::vector<BenchOp> attention{BenchOp::attention};
-    only_for(bench->add_option("--batch", bench_opts.batch, "attention: batch B (default 8)")->check(CLI::PositiveNumber), attention);
-    only_for(bench->add_option("--seq", bench_opts.seq, "attention: query length L (default 128)")->check(CLI::PositiveNumber), attention);
-    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention: key/value length (default: --seq)")->check(CLI::PositiveNumber);
+    only_for(bench->add_option("--batch", bench_opts.batch, "attention: batch B (default 8)")->check(positive), attention);
+    only_for(bench->add_option("--seq", bench_opts.seq, "attention: query length L (default 128)")->check(positive), attention);
+    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention: key/value length (default: --seq)")->check(positive);
     only_for(kv_opt, attention);
-    only_for(bench->add_option("--embed", bench_opts.embed, "attention: embed dim E (default 768)")->check(CLI::PositiveNumber), attention);
-    only_for(bench->add_option("--heads", bench_opts.heads, "attention: heads H (default 12)")->check(CLI::PositiveNumber), attention);
+    only_for(bench->add_option("--embed", bench_opts.embed, "attention: embed dim E (default 768)")->check(positive), attention);
+    only_for(bench->add_option("--heads", bench_opts.heads, "attention: heads H (default 12)")->check(positive), attention);
     only_for(bench->add_flag("--causal", bench_opts.causal, "attention: causal mask"), attention);
     only_for(bench->add_option("--impl", bench_impl, "attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names)),
              attention);
-    only_for(bench->add_option("--m", bench_opts.m, "gemm: rows of A and C (default 1024)")->check(CLI::PositiveNumber), {BenchOp::gemm});
-    only_for(bench->add_option("--n", bench_opts.n, "gemm: rows of B, cols of C (default 2304)")->check(CLI::PositiveNumber), {BenchOp::gemm});
-    only_for(bench->add_option("--k", bench_opts.k, "gemm: reduction length (default 768)")->check(CLI::PositiveNumber), {BenchOp::gemm});
-    only_for(bench->add_option("--rows", bench_opts.rows, "softmax/layernorm: rows (default 1024)")->check(CLI::PositiveNumber),
+    only_for(bench->add_option("--m", bench_opts.m, "gemm: rows of A and C (default 1024)")->check(positive), {BenchOp::gemm});
+    only_for(bench->add_option("--n", bench_opts.n, "gemm: rows of B, cols of C (default 2304)")->check(positive), {BenchOp::gemm});
+    only_for(bench->add_option("--k", bench_opts.k, "gemm: reduction length (default 768)")->check(positive), {BenchOp::gemm});
+    only_for(bench->add_option("--rows", bench_opts.rows, "softmax/layernorm: rows (default 1024)")->check(positive),
              {BenchOp::softmax, BenchOp::layernorm});
-    only_for(bench->add_option("--cols", bench_opts.cols, "softmax/layernorm: cols (default 768)")->check(CLI::PositiveNumber),
+    only_for(bench->add_option("--cols", bench_opts.cols, "softmax/layernorm: cols (default 768)")->check(positive),
              {BenchOp::softmax, BenchOp::layernorm});
     bench->add_option("--backend", bench_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     CLI::Option* threads_opt = bench->add_option("--threads", threads,
                                                  "Threads (attention: 0 = all cores, the default; the kernels are "
                                                  "single-threaded and accept only 1)")
                                    ->check(thread_count);
-    bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(CLI::PositiveNumber);
+    bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
     try {

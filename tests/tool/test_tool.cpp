@@ -493,7 +493,7 @@ TEST_F(ToolTest, RejectsBadFlagValues) {
     expect_run_failure("--backend", {"--backend", "avx"});
     expect_run_failure("--impl", {"--impl", "fast"});
     expect_run_failure("--threads", {"--threads", "-1"});
-    expect_failure({"run", "--npy", dir_.string(), "--heads", "0"}, "--heads");
+    expect_failure({"run", "--npy", dir_.string(), "--heads", "0"}, "--heads: must be a positive integer, got '0'");
     expect_failure({"run", "--npy", dir_.string()}, "--heads is required");
     expect_failure({"run", "--heads", "2"}, "--npy is required");
     expect_failure({}, "subcommand");
