@@ -208,15 +208,19 @@ def plot(contexts, runs, out_dir):
                                 if r["backend"] == "simd" and r["E"] == E and "speedup_vs_scalar" in r)
                     if sp:
                         ax2.plot([p[0] for p in sp], [p[1] for p in sp], "-o", label=f"E={E}")
+        top_peak = 0
         for T in sorted({r["threads"] for r in heads}):
             peak = peak_gflops(contexts[heads[0]["context"]], T)
             if peak:
                 ax.axhline(peak, color="gray", ls=":", lw=1)
-                ax.annotate(f"FMA peak, {T} thread{'s' if T != 1 else ''}", (hs_all[0], peak),
-                            textcoords="offset points", xytext=(2, -10), fontsize=7, color="gray")
+                ax.annotate(f"FMA peak, {T} thread{'s' if T != 1 else ''}", (hs_all[-1], peak),
+                            textcoords="offset points", xytext=(0, 3), ha="right", fontsize=7, color="gray")
+                top_peak = max(top_peak, peak)
         L = heads[0].get("L")
         ax.set(xscale="log", yscale="log", xlabel="heads H", ylabel="GFLOP/s",
                title=f"Self-attention forward, L={L}")
+        if top_peak:
+            ax.set_ylim(top=max(ax.get_ylim()[1], top_peak * 1.4))  # room for the peak labels
         ax2.set(xscale="log", xlabel="heads H", ylabel="simd ÷ scalar GFLOP/s", title="Speedup over the scalar reference")
         ax2.set_ylim(bottom=0)
         hs = sorted({r["H"] for r in heads})
