@@ -17,32 +17,19 @@
 #include <algorithm>
 #include <limits>
 
+#include "row_tail.hpp"
 #include "softmax.hpp"
 
 namespace mha::simd {
 namespace softmax_detail {
 
-template <class Arch>
-using batch = xsimd::batch<float, Arch>;
+using row_detail::batch;
+using row_detail::load_head;
+using row_detail::reduce_add;
+using row_detail::store_head;
 
 // Lane numbers, to build the "lane < k" mask of a tail.
 alignas(64) inline constexpr float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// Lanes [0, k) from p, the others `fill`; k < batch size. Reads only p[0, k).
-template <class Arch>
-batch<Arch> load_head(Arch, const float* p, std::size_t k, float fill) noexcept {
-    alignas(64) float buf[batch<Arch>::size];
-    for (std::size_t i = 0; i < batch<Arch>::size; ++i) buf[i] = i < k ? p[i] : fill;
-    return batch<Arch>::load_aligned(buf);
-}
-
-// Writes lanes [0, k) of v to p; k < batch size. Writes only p[0, k).
-template <class Arch>
-void store_head(Arch, const batch<Arch>& v, float* p, std::size_t k) noexcept {
-    alignas(64) float buf[batch<Arch>::size];
-    v.store_aligned(buf);
-    for (std::size_t i = 0; i < k; ++i) p[i] = buf[i];
-}
 
 // Largest lane (lanes are never NaN here).
 template <class Arch>
@@ -52,12 +39,6 @@ float reduce_max(Arch, const batch<Arch>& v) noexcept {
     float m = buf[0];
     for (std::size_t i = 1; i < batch<Arch>::size; ++i) m = buf[i] > m ? buf[i] : m;
     return m;
-}
-
-// Sum of the lanes.
-template <class Arch>
-float reduce_add(Arch, const batch<Arch>& v) noexcept {
-    return xsimd::hadd(v);
 }
 
 // exp(d) for the d = z − max of a softmax: d <= 0, -inf or NaN.
@@ -92,16 +73,6 @@ inline batch<arch_avx512> exp_nonpositive(arch_avx512, const batch<arch_avx512>&
     return _mm512_scalef_ps(p, n);
 }
 
-inline __mmask16 head_mask(std::size_t k) noexcept { return static_cast<__mmask16>((1u << k) - 1u); }
-inline batch<arch_avx512> load_head(arch_avx512, const float* p, std::size_t k, float fill) noexcept {
-    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), head_mask(k), p);
-}
-inline void store_head(arch_avx512, const batch<arch_avx512>& v, float* p, std::size_t k) noexcept {
-    _mm512_mask_storeu_ps(p, head_mask(k), v);
-}
-// xsimd::hadd would split into two avx2 batches, whose weak out-of-line helpers (in Debug builds)
-// would then be AVX-512-encoded copies the linker may pick for the AVX2 path.
-inline float reduce_add(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_max_ps(v); }
 #endif
 
