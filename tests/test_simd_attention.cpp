@@ -240,31 +240,60 @@ TEST(SimdAttention, StridedInputsMatchContiguous) {
 
 namespace {
 
-// The fused path (online softmax over key tiles of 256) against the reference: lengths around the
-// tile, every mask kind, causal, cross-attention.
-TEST(FusedAttention, LengthsAroundTheTile) {
-    for (std::size_t L : {1, 2, 255, 256, 257, 513}) {
-        Case c{1, L, L, 32, 2};
-        c.impl = mha::Impl::fused;
-        c.causal = L % 2 == 1;
-        check(c);
+// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the cap afterwards: the fused path packs
+// K and V into the ISA's GEMM panels (32, 16 or 8 columns wide), so each ISA has its own layout.
+template <class F>
+void for_each_isa(F f) {
+    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
+        if (isa > mha::detected_isa()) continue;
+        mha::set_isa_cap(isa);
+        SCOPED_TRACE(mha::isa_name(isa));
+        f();
     }
+    mha::set_isa_cap(mha::Isa::avx512);
+}
+
+// The fused path (online softmax over key tiles of 256) against the reference on every ISA: lengths
+// around the tile, every mask kind, causal, cross-attention.
+TEST(FusedAttention, LengthsAroundTheTile) {
+    for_each_isa([] {
+        for (std::size_t L : {1, 2, 255, 256, 257, 513}) {
+            Case c{1, L, L, 32, 2};
+            c.impl = mha::Impl::fused;
+            c.causal = L % 2 == 1;
+            check(c);
+        }
+    });
+}
+
+// Head dims that are not a multiple of any panel width (d = 24, 40) and one wider than two AVX-512
+// panels (d = 80).
+TEST(FusedAttention, HeadDimsAcrossPanels) {
+    for_each_isa([] {
+        for (std::size_t E : {48, 80, 160}) {
+            Case c{2, 300, 300, E, 2};
+            c.impl = mha::Impl::fused;
+            check(c);
+        }
+    });
 }
 
 TEST(FusedAttention, EveryMaskKindAndCross) {
-    for (int kp = 0; kp < 3; ++kp)
-        for (int am = 0; am < 5; ++am)
-            for (bool causal : {false, true}) {
-                Case c{2, 70, 300, 32, 4};
-                c.impl = mha::Impl::fused;
-                c.cross = true;
-                c.kp_bool = kp == 1;
-                c.kp_float = kp == 2;
-                c.am_rank = am == 0 ? 0 : (am <= 2 ? 2 : 3);
-                c.am_bool = am % 2 == 1;
-                c.causal = causal;
-                check(c);
-            }
+    for_each_isa([] {
+        for (int kp = 0; kp < 3; ++kp)
+            for (int am = 0; am < 5; ++am)
+                for (bool causal : {false, true}) {
+                    Case c{2, 70, 300, 32, 4};
+                    c.impl = mha::Impl::fused;
+                    c.cross = true;
+                    c.kp_bool = kp == 1;
+                    c.kp_float = kp == 2;
+                    c.am_rank = am == 0 ? 0 : (am <= 2 ? 2 : 3);
+                    c.am_bool = am % 2 == 1;
+                    c.causal = causal;
+                    check(c);
+                }
+    });
 }
 
 TEST(FusedAttention, FullyPaddedTilesAndRows) {
@@ -297,8 +326,10 @@ TEST(FusedAttention, BitwiseIdenticalAcrossThreadCounts) {
     c.causal = true;
     Problem p(c);
     auto m = p.make();
-    const auto one = p.run(m, mha::Backend::simd, 1);
-    for (int t : {2, 3, 8}) EXPECT_EQ(one, p.run(m, mha::Backend::simd, t)) << t << " threads";
+    for_each_isa([&] {
+        const auto one = p.run(m, mha::Backend::simd, 1);
+        for (int t : {2, 3, 8}) EXPECT_EQ(one, p.run(m, mha::Backend::simd, t)) << t << " threads";
+    });
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // at and above the k-loop and KC (one, two and three k-blocks); N above NC; all four transposes; odd
 // row strides with NaN sentinels in every padding float (A and B padding must not be read, C padding
 // must not be written); beta = 0 with NaN in C; alpha != 1, beta != 0; K = 0; prepacked B with and
-// without the fused bias, row-split calls bitwise equal to one call; the attention shapes; concurrent
+// without the fused bias, row-split calls bitwise equal to one call; B packed by the caller into
+// panels (gemm_panels, bitwise equal to gemm); the attention shapes; concurrent
 // calls from several threads.
 //
 // Error bound. Inputs are independent, uniform in [-1, 1] (signed). Each C element is a K-term dot
@@ -326,6 +327,63 @@ TEST_P(SimdGemm, PackedRowSplitIsBitwiseEqual) {
     mha::simd::gemm(1.0f, x.view(), Trans::no, w.view(), Trans::yes, 0.0f, plain.mview());
     for (std::size_t i = 0; i < m; ++i)
         for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(plain.at(i, j) + bias[j], whole.at(i, j)) << i << ", " << j;
+}
+
+// A B operand packed once into panels (fused attention's K_hᵀ and V_h): gemm_panels gives bitwise what
+// gemm gives on the unpacked B (same k order per element), for whole matrices, row blocks of op(B)
+// (packed piecewise at an offset, as the attention packs key blocks) and column blocks starting at a
+// panel; columns past n in the last panel are zero and never reach C.
+TEST_P(SimdGemm, PanelOperand) {
+    std::mt19937 gen(900);
+    const Isa isa = GetParam();
+    const std::size_t nr = mha::simd::PanelMatrix::panel_width(isa);
+    ASSERT_EQ(nr, tile.nr);
+    for (Trans ta : kTrans)
+        for (Trans tb : kTrans)
+            for (std::size_t k : {std::size_t(1), std::size_t(17), std::size_t(64), tile.kc + 9})
+                for (std::size_t n : {std::size_t(1), nr - 1, nr, 3 * nr + 5}) {
+                    SCOPED_TRACE(::testing::Message() << "k=" << k << " n=" << n << " ta=" << (ta == Trans::yes)
+                                                      << " tb=" << (tb == Trans::yes));
+                    const std::size_t m = tile.mr * 2 + 3;
+                    const Stored a(ta == Trans::no ? m : k, ta == Trans::no ? k : m, 3, gen);
+                    const Stored b(tb == Trans::no ? k : n, tb == Trans::no ? n : k, 5, gen);
+                    const std::size_t stride = mha::simd::PanelMatrix::min_panel_stride(isa, k);
+                    std::vector<float, xsimd::aligned_allocator<float, 64>> panels(
+                        mha::simd::PanelMatrix::floats(isa, n, stride), kSentinel);
+                    // Pack in row blocks of 16 (every block start keeps the 64-byte alignment).
+                    for (std::size_t r0 = 0; r0 < k; r0 += 16) {
+                        const std::size_t rows = std::min<std::size_t>(16, k - r0);
+                        const ConstMatrix part = tb == Trans::no ? b.view().row_block(r0, rows) : b.view().columns(r0, rows);
+                        mha::simd::pack_panels(isa, part, tb, panels.data() + r0 * nr, stride);
+                    }
+                    for (std::size_t p = 0; p < (n + nr - 1) / nr; ++p)
+                        for (std::size_t r = 0; r < k; ++r)
+                            for (std::size_t j = 0; j < nr; ++j) {
+                                const float v = panels[p * stride + r * nr + j];
+                                if (p * nr + j < n) ASSERT_EQ(v, tb == Trans::no ? b.at(r, p * nr + j) : b.at(p * nr + j, r));
+                                else ASSERT_EQ(v, 0.0f) << "padding column " << p * nr + j;
+                            }
+                    const mha::simd::PanelMatrix pm{panels.data(), k, n, stride, isa};
+                    Stored want(m, n, 2, gen, true), got(m, n, 2, gen, true);
+                    mha::simd::gemm(0.5f, a.view(), ta, b.view(), tb, 0.0f, want.mview());
+                    mha::simd::gemm_panels(0.5f, a.view(), ta, pm, 0.0f, got.mview());
+                    ASSERT_TRUE(same_bits(want.buf, got.buf));
+                    // Rows [r0, k) of op(B) with op(A)'s matching columns, accumulated onto C (beta = 1).
+                    const std::size_t r0 = k > 16 ? 16 : 0, kk = k - r0;
+                    const ConstMatrix a_part = ta == Trans::no ? a.view().columns(r0, kk) : a.view().row_block(r0, kk);
+                    const ConstMatrix b_part = tb == Trans::no ? b.view().row_block(r0, kk) : b.view().columns(r0, kk);
+                    mha::simd::gemm(1.0f, a_part, ta, b_part, tb, 1.0f, want.mview());
+                    mha::simd::gemm_panels(1.0f, a_part, ta, pm.rows(r0, kk), 1.0f, got.mview());
+                    ASSERT_TRUE(same_bits(want.buf, got.buf));
+                    // Columns from the second panel on.
+                    if (n > nr) {
+                        const std::size_t nn = n - nr;
+                        const ConstMatrix b_cols = tb == Trans::no ? b.view().columns(nr, nn) : b.view().row_block(nr, nn);
+                        mha::simd::gemm(1.0f, a.view(), ta, b_cols, tb, 0.0f, want.mview().columns(0, nn));
+                        mha::simd::gemm_panels(1.0f, a.view(), ta, pm.columns(nr, nn), 0.0f, got.mview().columns(0, nn));
+                        ASSERT_TRUE(same_bits(want.buf, got.buf));
+                    }
+                }
 }
 
 // A PackedMatrix keeps the ISA it was packed for; gemm_packed runs that ISA's kernel even when the cap

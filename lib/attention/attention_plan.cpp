@@ -22,8 +22,8 @@ constexpr std::size_t kRowBlock = 64;
 // place (it does so up to 256 rows of A).
 constexpr std::size_t kQueryBlock = 64;
 constexpr std::size_t kFusedQueryBlock = 128;
-// Transpose tile of K → Kᵀ.
-constexpr std::size_t kTransposeBlock = 32;
+// Keys per packing task of the fused path (a multiple of every ISA's panel width and of 16).
+constexpr std::size_t kPackBlock = 256;
 
 bool same_view(const ConstBatch& a, const ConstBatch& b) {
     return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols &&
@@ -77,7 +77,15 @@ AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const Attentio
         V = Batch(kv + E, B, Lk, E, 2 * E, Lk * 2 * E);
     }
     C = Batch(Scratch::get(B * Lq * E, Scratch::context), B, Lq, E);
-    if (fused) Kt = Batch(Scratch::get(B * E * Lk, Scratch::keys_transposed), B, E, Lk);
+    if (fused) {
+        panel_isa_ = active_isa();
+        key_panel_stride_ = simd::PanelMatrix::min_panel_stride(panel_isa_, head_dim);
+        value_panel_stride_ = simd::PanelMatrix::min_panel_stride(panel_isa_, Lk);
+        key_head_floats_ = simd::PanelMatrix::floats(panel_isa_, Lk, key_panel_stride_);
+        value_head_floats_ = simd::PanelMatrix::floats(panel_isa_, head_dim, value_panel_stride_);
+        key_panels_ = Scratch::get(B * H * key_head_floats_, Scratch::key_panels);
+        value_panels_ = Scratch::get(B * H * value_head_floats_, Scratch::value_panels);
+    }
     if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
     if (in.attn_mask.present()) {
         attn_mask_ = additive(in.attn_mask, attn_mask_store_);
@@ -118,16 +126,17 @@ void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const At
     });
 }
 
-void AttentionPlan::transpose_keys() const {
-    const std::size_t nj = (Lk + kTransposeBlock - 1) / kTransposeBlock;
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nj), [&](const tbb::blocked_range<std::size_t>& r) {
+void AttentionPlan::pack_keys_values() const {
+    const std::size_t d = head_dim, nj = (Lk + kPackBlock - 1) / kPackBlock, nr = simd::PanelMatrix::panel_width(panel_isa_);
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * H * nj), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
-            const std::size_t b = t / nj, j0 = (t % nj) * kTransposeBlock, nrow = std::min(kTransposeBlock, Lk - j0);
-            const ConstMatrix k = K[b];
-            const Matrix kt = Kt[b];
-            for (std::size_t c0 = 0; c0 < E; c0 += kTransposeBlock)
-                for (std::size_t c = c0; c < std::min(E, c0 + kTransposeBlock); ++c)
-                    for (std::size_t j = j0; j < j0 + nrow; ++j) kt(c, j) = k(j, c);
+            const std::size_t bh = t / nj, b = bh / H, h = bh % H;
+            const std::size_t j0 = (t % nj) * kPackBlock, n = std::min(kPackBlock, Lk - j0);
+            // Keys j0.. are columns of K_hᵀ (panels j0 / NR..) and rows of V_h (j0 rows into every panel).
+            simd::pack_panels(panel_isa_, K[b].columns(h * d, d).row_block(j0, n), Trans::yes,
+                              key_panels_ + bh * key_head_floats_ + j0 / nr * key_panel_stride_, key_panel_stride_);
+            simd::pack_panels(panel_isa_, V[b].columns(h * d, d).row_block(j0, n), Trans::no,
+                              value_panels_ + bh * value_head_floats_ + j0 * nr, value_panel_stride_);
         }
     });
 }

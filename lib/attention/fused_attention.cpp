@@ -1,6 +1,6 @@
 // Fused attention for one (batch, head, query block), the online softmax of FlashAttention:
 //   for each key tile [j0, j0 + kt):
-//     S = Q_h·K_tileᵀ/√d (SIMD GEMM on a transposed copy of K), masks added row by row;
+//     S = Q_h·K_tileᵀ/√d (SIMD GEMM on K_hᵀ packed once per forward), masks added row by row;
 //     m_new = max(m, max S_row); P_row = exp(S_row − m_new); l = l·e^(m − m_new) + Σ P_row;
 //     O_row = O_row·e^(m − m_new); then O += P·V_tile (GEMM with beta = 1)
 //   C_h rows = O / l (rows with l = 0, every key masked, become 0: zero probabilities).
@@ -36,8 +36,8 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
     for (std::size_t r = 0; r < rows; ++r) std::fill(o.row(r), o.row(r) + d, 0.0f);
 
     const ConstMatrix q = p.Q[b].columns(h * d, d).row_block(i0, rows);
-    // Kᵀ of the head, [d, Lk]: the GEMM reads its tiles in place instead of transposing K per block.
-    const ConstMatrix k_t = p.Kt[b].row_block(h * d, d), v = p.V[b].columns(h * d, d);
+    // K_hᵀ and V_h packed once per forward (AttentionPlan::pack_keys_values): tiles are read in place.
+    const simd::PanelMatrix k_t = p.key_panels(b, h), v = p.value_panels(b, h);
     const float* padding = p.key_padding_row(b);
     const std::size_t key_end = p.causal ? std::min(p.Lk, i0 + rows) : p.Lk;
 
@@ -45,7 +45,7 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
         const std::size_t kt = std::min(tile, key_end - j0);
         if (padding && all_masked(padding + j0, kt)) continue;
         const Matrix st = s.columns(0, kt);
-        simd::gemm(p.scale, q, Trans::no, k_t.columns(j0, kt), Trans::no, 0.0f, st);
+        simd::gemm_panels(p.scale, q, Trans::no, k_t.columns(j0, kt), 0.0f, st);
         for (std::size_t r = 0; r < rows; ++r) {
             const std::size_t i = i0 + r;
             const std::size_t valid = !p.causal ? kt : (i + 1 > j0 ? std::min(kt, i + 1 - j0) : 0);
@@ -62,7 +62,7 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
             }
             row_sum[r] += tile_sum;
         }
-        simd::gemm(1.0f, ConstMatrix(st), Trans::no, v.row_block(j0, kt), Trans::no, 1.0f, o);
+        simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
     }
 
     const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);

@@ -63,7 +63,7 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
 
     auto run = [&] {
         p.project_inputs(st, in);
-        if (fused) p.transpose_keys();
+        if (fused) p.pack_keys_values();
 
         const std::size_t qb = p.query_block;
         const std::size_t nqb = (Lq + qb - 1) / qb;

@@ -39,4 +39,14 @@ void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix& b, fl
     dispatch(b.isa(), GemmPackedKernel{}, alpha, a, ta, b.impl(), beta, bias, c);
 }
 
+std::size_t PanelMatrix::panel_width(Isa isa) noexcept { return dispatch(isa, PanelWidthKernel{}); }
+
+void pack_panels(Isa isa, ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) noexcept {
+    dispatch(isa, PackPanelsKernel{}, b, tb, dst, panel_stride);
+}
+
+void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c) noexcept {
+    dispatch(b.isa, GemmPanelsKernel{}, alpha, a, ta, b, beta, c);
+}
+
 }  // namespace mha::simd

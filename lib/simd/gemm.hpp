@@ -3,6 +3,8 @@
 //   GemmKernel:       C = alpha·op(A)·op(B) + beta·C
 //   GemmPackedKernel: C = alpha·op(A)·B + beta·C (+ bias[j]), B prepacked for the same Arch
 //   PackBKernel:      packs op(B) [K, N] into a PackedMatrix::Impl for that Arch
+//   GemmPanelsKernel: C = alpha·op(A)·B + beta·C, B a caller-packed PanelMatrix for the same Arch
+//   PackPanelsKernel: packs op(B) into a PanelMatrix's panels; width() is that Arch's NR
 // Preconditions as in simd.hpp (shapes agree, no overlap of C with A or B).
 #pragma once
 #include <cstddef>
@@ -37,6 +39,21 @@ struct GemmPackedKernel {
                     const float* bias, Matrix c) const noexcept;
 };
 
+struct GemmPanelsKernel {
+    template <class Arch>
+    void operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c) const noexcept;
+};
+
+struct PackPanelsKernel {
+    template <class Arch>
+    void operator()(Arch, ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) const noexcept;
+};
+
+struct PanelWidthKernel {
+    template <class Arch>
+    std::size_t operator()(Arch) const noexcept;
+};
+
 struct PackBKernel {
     // Allocates packed.data (may throw std::bad_alloc); sets every field of packed.
     template <class Arch>
@@ -55,7 +72,12 @@ float* gemm_scratch(GemmBuffer which, std::size_t floats) noexcept;
     extern template void GemmPackedKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans,                 \
                                                             const PackedMatrix::Impl&, float, const float*, \
                                                             Matrix) const noexcept;                          \
-    extern template void PackBKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, PackedMatrix::Impl&) const;
+    extern template void PackBKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, PackedMatrix::Impl&) const;      \
+    extern template void GemmPanelsKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans, const PanelMatrix&,  \
+                                                            float, Matrix) const noexcept;                       \
+    extern template void PackPanelsKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, float*, std::size_t)        \
+        const noexcept;                                                                                          \
+    extern template std::size_t PanelWidthKernel::operator()<ARCH>(ARCH) const noexcept;
 MHA_GEMM_EXTERN(arch_avx512)
 MHA_GEMM_EXTERN(arch_avx2)
 MHA_GEMM_EXTERN(arch_sse2)

@@ -7,4 +7,8 @@ template void GemmKernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, T
 template void GemmPackedKernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, Trans, const PackedMatrix::Impl&,
                                                        float, const float*, Matrix) const noexcept;
 template void PackBKernel::operator()<arch_avx2>(arch_avx2, ConstMatrix, Trans, PackedMatrix::Impl&) const;
+template void GemmPanelsKernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, Trans, const PanelMatrix&, float,
+                                               Matrix) const noexcept;
+template void PackPanelsKernel::operator()<arch_avx2>(arch_avx2, ConstMatrix, Trans, float*, std::size_t) const noexcept;
+template std::size_t PanelWidthKernel::operator()<arch_avx2>(arch_avx2) const noexcept;
 }  // namespace mha::simd

@@ -79,9 +79,9 @@ struct Gemm {
             }
     }
 
-    // The driver. b_packed != nullptr: B comes prepacked (b, tb unused); otherwise op(B) from b, tb.
-    static void run(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb,
-                    const PackedMatrix::Impl* b_packed, float beta, const float* bias, Matrix c) noexcept {
+    // The driver. b_packed or b_panels != nullptr: B comes prepacked (b, tb unused); otherwise op(B) from b, tb.
+    static void run(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, const PackedMatrix::Impl* b_packed,
+                    const PanelMatrix* b_panels, float beta, const float* bias, Matrix c) noexcept {
         const std::size_t M = c.rows, N = c.cols, K = ta == Trans::no ? a.cols : a.rows;
         if (M == 0 || N == 0) return;
         if (K == 0) return scale_only(beta, bias, c);
@@ -93,10 +93,10 @@ struct Gemm {
         // rows are read in place, since a packed copy would be reused by too few A micro-panels to pay
         // for the pass (M = 32: 100 vs 90 GFLOP/s in place; M = 1024: 108 vs 110 packed). Only a partial
         // last panel is packed, for its zero padding.
-        const bool b_in_place =
-            b_packed == nullptr && tb == Trans::no && nkb == 1 && N <= Blk::NC && M <= 32 * MR;
+        const bool prepacked = b_packed != nullptr || b_panels != nullptr;
+        const bool b_in_place = !prepacked && tb == Trans::no && nkb == 1 && N <= Blk::NC && M <= 32 * MR;
         const bool pack_a = ta == Trans::yes;  // in place, op(A) = Aᵀ would touch one cache line per k
-        float* b_buf = b_packed != nullptr ? nullptr
+        float* b_buf = prepacked ? nullptr
                                            : gemm_scratch(GemmBuffer::b, b_in_place ? kc_max * NR
                                                                                     : kc_max * (nc_max + NR - 1) / NR * NR);
         float* a_buf = pack_a ? gemm_scratch(GemmBuffer::a, kc_max * MR) : nullptr;
@@ -112,6 +112,8 @@ struct Gemm {
                 BPanels bp{};
                 if (b_packed != nullptr) {
                     bp = {b_packed->data.data() + pc * b_packed->n_padded + jc * kc, kc * NR, NR, nullptr};
+                } else if (b_panels != nullptr) {  // panels span all of K: a k-block starts pc rows in
+                    bp = {b_panels->data + jc / NR * b_panels->panel_stride + pc * NR, b_panels->panel_stride, NR, nullptr};
                 } else if (b_in_place) {
                     const float* b0 = b.data + pc * b.stride + jc;
                     const std::size_t full = nc / NR * NR;
@@ -141,6 +143,15 @@ struct Gemm {
         }
     }
 
+    static void pack_panels(ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) noexcept {
+        const bool tr = tb == Trans::yes;
+        const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols;
+        for (std::size_t j0 = 0, p = 0; j0 < n; j0 += NR, ++p) {
+            const float* src = tr ? b.data + j0 * b.stride : b.data + j0;
+            pack_b_panel<Arch, NR>(std::min(NR, n - j0), k, src, b.stride, tr, dst + p * panel_stride);
+        }
+    }
+
     static void pack(ConstMatrix b, Trans tb, PackedMatrix::Impl& out) {
         const bool tr = tb == Trans::yes;
         out.k = tr ? b.cols : b.rows;
@@ -166,13 +177,29 @@ struct Gemm {
 template <class Arch>
 void GemmKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta,
                             Matrix c) const noexcept {
-    gemm_detail::Gemm<Arch>::run(alpha, a, ta, b, tb, nullptr, beta, nullptr, c);
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, b, tb, nullptr, nullptr, beta, nullptr, c);
 }
 
 template <class Arch>
 void GemmPackedKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PackedMatrix::Impl& b,
                                   float beta, const float* bias, Matrix c) const noexcept {
-    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, &b, beta, bias, c);
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, &b, nullptr, beta, bias, c);
+}
+
+template <class Arch>
+void GemmPanelsKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta,
+                                  Matrix c) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, nullptr, &b, beta, nullptr, c);
+}
+
+template <class Arch>
+void PackPanelsKernel::operator()(Arch, ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) const noexcept {
+    gemm_detail::Gemm<Arch>::pack_panels(b, tb, dst, panel_stride);
+}
+
+template <class Arch>
+std::size_t PanelWidthKernel::operator()(Arch) const noexcept {
+    return gemm_detail::Gemm<Arch>::NR;
 }
 
 template <class Arch>

@@ -53,4 +53,40 @@ private:
 void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix& b, float beta, const float* bias,
                  Matrix c) noexcept;
 
+// A B operand the caller packed once into the microkernel's panel layout for one ISA (the fused attention
+// path packs each head's Kᵀ and V once per forward and then multiplies tiles of them in place).
+// op(B) [k, n] is cut into ceil(n / NR) panels of NR columns (NR = panel_width(isa)); panel p holds
+// op(B)[r, p·NR + j] at data[p·panel_stride + r·NR + j], columns past n are zero. panel_stride >= k·NR
+// and a multiple of 16 floats; data 64-byte aligned.
+struct PanelMatrix {
+    const float* data;
+    std::size_t k, n, panel_stride;
+    Isa isa;
+    // Rows [r0, r0 + count) of op(B): the same panels, started r0 rows in.
+    PanelMatrix rows(std::size_t r0, std::size_t count) const noexcept {
+        return {data + r0 * panel_width(isa), count, n, panel_stride, isa};
+    }
+    // Columns [c0, c0 + count) of op(B); c0 must be a multiple of NR.
+    PanelMatrix columns(std::size_t c0, std::size_t count) const noexcept {
+        return {data + c0 / panel_width(isa) * panel_stride, k, count, panel_stride, isa};
+    }
+    static std::size_t panel_width(Isa isa) noexcept;
+    // The smallest valid panel_stride for k rows, and the floats that n columns of it take.
+    static std::size_t min_panel_stride(Isa isa, std::size_t k) noexcept {
+        return (k * panel_width(isa) + 15) / 16 * 16;
+    }
+    static std::size_t floats(Isa isa, std::size_t n, std::size_t panel_stride) noexcept {
+        return (n + panel_width(isa) - 1) / panel_width(isa) * panel_stride;
+    }
+};
+
+// Packs op(B) [K, N] into the panels of a PanelMatrix {dst, K, N, panel_stride, isa}. A caller may pack
+// a row block r0.. of a larger PanelMatrix by passing dst + r0·NR (then r0·NR·4 bytes must keep dst
+// 64-byte aligned: r0 a multiple of 16 does), or a column block by passing dst + (c0 / NR)·panel_stride.
+void pack_panels(Isa isa, ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) noexcept;
+
+// C = alpha·op(A)·B + beta·C with B in panels (c.cols == b.n, op(A) [c.rows, b.k]); same summation order
+// per element as gemm, so results do not depend on how the caller splits M.
+void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c) noexcept;
+
 }  // namespace mha::simd
