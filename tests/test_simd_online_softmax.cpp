@@ -72,6 +72,37 @@ TEST_P(OnlineSoftmax, AllMaskedTileGivesZerosAndKeepsMax) {
     for (float v : x) EXPECT_EQ(v, 0.0f);
 }
 
+// scale = 1 and no masks (the fused path's call: the GEMM already scaled): z = x is not stored back, so
+// the tail and the entries past n_valid must still come out right.
+TEST_P(OnlineSoftmax, UnscaledUnmasked) {
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-20.0f, 20.0f);
+    for (std::size_t n : {1, 5, 16, 31, 32, 33, 100, 256}) {
+        for (std::size_t n_valid : {n, n - n / 3}) {
+            std::vector<float> x(n);
+            for (auto& v : x) v = u(rng);
+            x[n_valid / 2] = 0.5f * x[n_valid / 2] + 30.0f;  // a clear max (the running max of 25 is below it)
+            const std::vector<float> in = x;
+            float running = 25.0f;
+            const float sum = mha::simd::softmax_tile_online(x.data(), n, n_valid, 1.0f, nullptr, nullptr, running);
+            double want_max = 25.0;
+            for (std::size_t j = 0; j < n_valid; ++j) want_max = std::max(want_max, double(in[j]));
+            ASSERT_EQ(running, float(want_max)) << "n=" << n;
+            double want_sum = 0.0;
+            for (std::size_t j = 0; j < n; ++j) {
+                const double want = j < n_valid ? std::exp(double(in[j]) - want_max) : 0.0;
+                want_sum += want;
+                // d = z − max is rounded once (relative u = eps/2, so exp(d) is off by |d|·eps/2 relative),
+                // then exp adds at most ~1.5 ulp.
+                const double d = std::abs(double(in[j]) - want_max);
+                ASSERT_NEAR(x[j], want, (2.0 + 0.5 * d) * std::numeric_limits<float>::epsilon() * want + 1e-38)
+                    << "n=" << n << " j=" << j;
+            }
+            ASSERT_NEAR(sum, want_sum, 1e-6 * want_sum) << "n=" << n;
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryIsa, OnlineSoftmax, ::testing::Values(mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512),
                          [](const auto& info) { return std::string(mha::isa_name(info.param)); });
 
