@@ -194,12 +194,15 @@ unsigned effective_threads(mha::Backend backend, int threads) {
 // lib/attention; the measured rss_growth checks it):
 //   both impls: projected Q|K|V [B, L, 3E] + context [B, L, E] = B·L·4E floats;
 //   materialized: per thread the scores of one 64-query block, 64·L floats;
-//   fused: Kᵀ [B, E, L] (B·L·E floats), and per thread for one 128-query block a 128×256 score tile,
-//   a 128×d context accumulator and 2·128 row statistics.
+//   fused: each head's K_hᵀ and V_h packed into GEMM panels (2·B·L·E floats, plus the zero padding of the
+//   last panel: to 32 keys for K, to 32 columns of d for V on AVX-512), and per thread for one 128-query
+//   block a 128×256 score tile, a 128×d context accumulator and 2·128 row statistics.
 double scratch_bytes(const Shape& s, mha::Impl impl, unsigned threads) {
-    const double B = double(s.B), L = double(s.L), E = double(s.E), d = double(s.E / s.H);
+    const double B = double(s.B), L = double(s.L), E = double(s.E), d = double(s.E / s.H), H = double(s.H);
     const bool fused = impl == mha::Impl::fused;
-    const double buffers = B * L * (fused ? 5.0 : 4.0) * E;
+    const double padded_l = std::ceil(L / 32.0) * 32.0, padded_d = std::ceil(d / 32.0) * 32.0;
+    const double panels = B * H * (padded_l * d + L * padded_d);
+    const double buffers = B * L * 4.0 * E + (fused ? panels : 0.0);
     const double per_thread = fused ? 128.0 * 256.0 + 128.0 * d + 2.0 * 128.0 : 64.0 * L;
     return 4.0 * (buffers + threads * per_thread);
 }
