@@ -17,17 +17,7 @@ start=$(date +%s)
 
 packages=(cmake make g++ clang libclang-rt-14-dev valgrind libxsimd-dev libtbb-dev libgtest-dev
           libbenchmark-dev libcli11-dev nlohmann-json3-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}" || exit 1
-fi
+bash tools/install_packages.sh "${packages[@]}" || exit 1
 
 declare -a summary=()
 failed=0

@@ -10,17 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake make g++ libxsimd-dev libtbb-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
 [ "$mode" = bench ] && packages+=(python3 python3-matplotlib)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+bash tools/install_packages.sh "${packages[@]}"
 
 build=${MHA_BUILD_DIR:-build}
 jobs=$(nproc)
