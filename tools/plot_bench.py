@@ -116,8 +116,9 @@ def describe(context):
 
 
 def buffer_bytes(run):
-    """The whole-sequence buffers of one forward: Q/K/V/context B·L·4E floats, and Kᵀ B·L·E more for fused."""
-    return 4 * run["B"] * run["L"] * (5 if run.get("impl") == "fused" else 4) * run["E"]
+    """The whole-sequence buffers of one forward: Q/K/V/context B·L·4E floats, and for fused the K and V
+    panels, about 2·B·L·E more (see scratch_bytes in bench/bench_attention.cpp for the padding)."""
+    return 4 * run["B"] * run["L"] * (6 if run.get("impl") == "fused" else 4) * run["E"]
 
 
 def markdown(contexts, runs):
@@ -163,7 +164,8 @@ def markdown(contexts, runs):
                          "E and H (one thread, its own batch).")
         if memory:
             notes.append("scratch model = Q/K/V/context buffers B·L·4E floats, plus per thread 64·L score floats "
-                         "(materialized), or plus Kᵀ B·L·E floats and per thread 128·256 + 128·d + 256 floats "
+                         "(materialized), or plus the packed K and V panels, about 2·B·L·E floats, and per thread "
+                         "128·256 + 128·d + 256 floats "
                          "(fused). Peak RSS growth = measured rise of "
                          "the peak resident memory (VmHWM) over one forward call in a fresh process, after the "
                          "inputs and weights exist.")

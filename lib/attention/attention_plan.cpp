@@ -18,8 +18,7 @@ constexpr std::size_t kAlign = 64;
 // core work at B·L = 128 tokens.
 constexpr std::size_t kRowBlock = 64;
 // Query rows of an attention task. Materialized: 64 rows × Lk scores stay in L2. Fused: 128 rows
-// halve how often each key/value tile is streamed, and the GEMM still reads the Kᵀ and V tiles in
-// place (it does so up to 256 rows of A).
+// halve how often each packed key/value tile is streamed from L2 per query row.
 constexpr std::size_t kQueryBlock = 64;
 constexpr std::size_t kFusedQueryBlock = 128;
 // Keys per packing task of the fused path (a multiple of every ISA's panel width and of 16).
