@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
+    // CLI11 would say "A subcommand is required" for a misspelt one; name it instead.
+    if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "run" && std::string(argv[1]) != "bench") {
+        print_error("mha", "unknown command '" + std::string(argv[1]) + "': expected run or bench (see --help)");
+        return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

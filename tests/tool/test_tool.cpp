@@ -497,6 +497,7 @@ TEST_F(ToolTest, RejectsBadFlagValues) {
     expect_failure({"run", "--npy", dir_.string()}, "--heads is required");
     expect_failure({"run", "--heads", "2"}, "--npy is required");
     expect_failure({}, "subcommand");
+    expect_failure({"rnu", "--heads", "2"}, "unknown command 'rnu': expected run or bench");
 }
 
 TEST_F(ToolTest, RejectsMissingRequiredFiles) {
