@@ -6,7 +6,7 @@
 //   as in the reference (the max skips NaN, the sum does not).
 // Preconditions: n_valid <= n; the masks (if non-null) hold n_valid floats and do not overlap x.
 // Three passes over the row, which stays in L1/L2 (n <= 8192):
-//   1. z = scale·x + masks, stored over x, running max;  2. e = exp(z − max), stored, running sum;
+//   1. z = scale·x + masks, stored over x (unless z = x), running max;  2. e = exp(z − max), stored, running sum;
 //   3. x *= 1/sum.  Tails use masked loads/stores on AVX-512 and a padded stack buffer elsewhere.
 // exp: exp_nonpositive (softmax_math.hpp).
 // Every helper is a template on Arch (or exists only in the AVX-512 TU), so none becomes a weak symbol
@@ -22,95 +22,40 @@
 #include "softmax.hpp"
 
 namespace mha::simd {
-namespace softmax_detail {
-
-using row_detail::load_head;
-using row_detail::reduce_add;
-using row_detail::store_head;
-
-}  // namespace softmax_detail
 
 template <class Arch>
 void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale,
                                 const float* mask0, const float* mask1) const noexcept {
     using B = softmax_detail::batch<Arch>;
-    using softmax_detail::load_head;
-    using softmax_detail::store_head;
+    using row_detail::load_head;
+    using row_detail::store_head;
     constexpr std::size_t W = B::size;
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     const std::size_t body = n_valid - n_valid % W;  // whole batches; the rest is the tail
     const std::size_t tail = n_valid - body;
 
-    // Pass 1: z and its max. xsimd::max(z, m) is maxps, which returns its second operand when either is
-    // NaN: a NaN z leaves m unchanged, exactly like the reference's `if (z > max) max = z`.
-    const B vscale(scale);
-    auto add_masks = [&](B z, std::size_t j) noexcept {
-        if (mask0) z += B::load_unaligned(mask0 + j);
-        if (mask1) z += B::load_unaligned(mask1 + j);
-        return z;
-    };
-    B max_a(neg_inf), max_b(neg_inf);  // two chains hide the max latency
-    std::size_t j = 0;
-    for (; j + 2 * W <= body; j += 2 * W) {
-        const B za = add_masks(vscale * B::load_unaligned(x + j), j);
-        const B zb = add_masks(vscale * B::load_unaligned(x + j + W), j + W);
-        za.store_unaligned(x + j);
-        zb.store_unaligned(x + j + W);
-        max_a = xsimd::max(za, max_a);
-        max_b = xsimd::max(zb, max_b);
-    }
-    for (; j < body; j += W) {
-        const B z = add_masks(vscale * B::load_unaligned(x + j), j);
-        z.store_unaligned(x + j);
-        max_a = xsimd::max(z, max_a);
-    }
-    if (tail != 0) {
-        B z = vscale * load_head(arch, x + body, tail, 0.0f);
-        if (mask0) z += load_head(arch, mask0 + body, tail, 0.0f);
-        if (mask1) z += load_head(arch, mask1 + body, tail, 0.0f);
-        store_head(arch, z, x + body, tail);
-        // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
-        const auto in_tail = B::load_aligned(softmax_detail::lane_index) < B(static_cast<float>(tail));
-        max_b = xsimd::max(xsimd::select(in_tail, z, B(neg_inf)), max_b);
-    }
-    const float max = softmax_detail::reduce_max(arch, xsimd::max(max_a, max_b));
+    // Pass 1: z (stored over x unless z = x) and its max.
+    const float max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
 
     if (max == neg_inf) {
         // Every z is -inf or NaN (or n_valid == 0). Fully masked: the row is 0. But a NaN must not
         // vanish into a "masked" row: if any z is NaN the valid entries become NaN (a rare branch).
         const bool has_nan = std::any_of(x, x + n_valid, [](float z) { return z != z; });
         const B fill(has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
-        for (j = 0; j + W <= n_valid; j += W) fill.store_unaligned(x + j);
+        std::size_t j = 0;
+        for (; j + W <= n_valid; j += W) fill.store_unaligned(x + j);
         if (j < n_valid) store_head(arch, fill, x + j, n_valid - j);
         std::fill(x + n_valid, x + n, 0.0f);
         return;
     }
 
-    // Pass 2: e = exp(z − max) and Σ e. Tail lanes load -inf, so they add exp(-inf) = 0.
-    const B vmax(max);
-    B sum_a(0.0f), sum_b(0.0f);
-    for (j = 0; j + 2 * W <= body; j += 2 * W) {
-        const B ea = softmax_detail::exp_nonpositive(arch, B::load_unaligned(x + j) - vmax);
-        const B eb = softmax_detail::exp_nonpositive(arch, B::load_unaligned(x + j + W) - vmax);
-        ea.store_unaligned(x + j);
-        eb.store_unaligned(x + j + W);
-        sum_a += ea;
-        sum_b += eb;
-    }
-    for (; j < body; j += W) {
-        const B e = softmax_detail::exp_nonpositive(arch, B::load_unaligned(x + j) - vmax);
-        e.store_unaligned(x + j);
-        sum_a += e;
-    }
-    if (tail != 0) {
-        const B e = softmax_detail::exp_nonpositive(arch, load_head(arch, x + body, tail, neg_inf) - vmax);
-        store_head(arch, e, x + body, tail);
-        sum_b += e;
-    }
+    // Pass 2: e = exp(z − max) and Σ e.
+    const float sum = softmax_detail::exp_sum(arch, x, n_valid, max);
 
     // Pass 3: scale by 1/Σ (one division per row; the sum is >= 1 because the max term is exp(0)).
-    const B inv_sum = B(1.0f) / B(softmax_detail::reduce_add(arch, sum_a + sum_b));
-    for (j = 0; j < body; j += W) (B::load_unaligned(x + j) * inv_sum).store_unaligned(x + j);
+    const B inv_sum = B(1.0f) / B(sum);
+    std::size_t j = 0;
+    for (; j < body; j += W) (B::load_unaligned(x + j) * inv_sum).store_unaligned(x + j);
     if (tail != 0) store_head(arch, load_head(arch, x + body, tail, 0.0f) * inv_sum, x + body, tail);
 
     // Entries past n_valid get probability 0.

@@ -1,8 +1,10 @@
 // Math shared by the softmax kernels (row softmax and the fused path's online tile softmax): the largest
-// lane, and exp(d) for the d = z − max <= 0 of a softmax. Included only by per-ISA kernel TUs; every
+// lane, exp(d) for the d = z − max <= 0 of a softmax, and the two passes both kernels make over a row
+// (z and its max; exp and its sum). Included only by per-ISA kernel TUs; every
 // helper is a template on Arch or exists only in the AVX-512 TU (no weak symbol shared across ISAs).
 #pragma once
 #include <cstddef>
+#include <limits>
 
 #include "row_tail.hpp"
 
@@ -57,5 +59,77 @@ inline batch<arch_avx512> exp_nonpositive(arch_avx512, const batch<arch_avx512>&
 
 inline float reduce_max(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_max_ps(v); }
 #endif
+
+// Pass 1 over x[0, n_valid): z_j = scale·x_j (+ mask0_j) (+ mask1_j), stored over x (not when scale is 1
+// and both masks are null: then z = x and the row is only read); returns max z (-inf if none). The max
+// is maxps with z first, which returns its second operand when either is NaN: a NaN z is skipped, like
+// the reference's `if (z > max) max = z`. Two chains hide the max latency.
+template <class Arch>
+float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, const float* mask0,
+                     const float* mask1) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size;
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
+    const bool z_is_x = scale == 1.0f && mask0 == nullptr && mask1 == nullptr;
+    const B vscale(scale);
+    auto z_at = [&](std::size_t j) noexcept {
+        B z = B::load_unaligned(x + j);
+        if (z_is_x) return z;
+        z *= vscale;
+        if (mask0) z += B::load_unaligned(mask0 + j);
+        if (mask1) z += B::load_unaligned(mask1 + j);
+        z.store_unaligned(x + j);
+        return z;
+    };
+    B max_a(neg_inf), max_b(neg_inf);
+    std::size_t j = 0;
+    for (; j + 2 * W <= body; j += 2 * W) {
+        max_a = xsimd::max(z_at(j), max_a);
+        max_b = xsimd::max(z_at(j + W), max_b);
+    }
+    for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
+    if (tail != 0) {
+        B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
+        if (mask0) z += row_detail::load_head(arch, mask0 + body, tail, 0.0f);
+        if (mask1) z += row_detail::load_head(arch, mask1 + body, tail, 0.0f);
+        if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
+        // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
+        const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));
+        max_b = xsimd::max(xsimd::select(in_tail, z, B(neg_inf)), max_b);
+    }
+    return reduce_max(arch, xsimd::max(max_a, max_b));
+}
+
+// Pass 2 over x[0, n_valid): x_j = exp(x_j − max), returns Σ x_j. Tail lanes load -inf and add
+// exp(-inf) = 0. max must be finite.
+template <class Arch>
+float exp_sum(Arch arch, float* x, std::size_t n_valid, float max) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size;
+    const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
+    const B vmax(max);
+    B sum_a(0.0f), sum_b(0.0f);
+    std::size_t j = 0;
+    for (; j + 2 * W <= body; j += 2 * W) {
+        const B ea = exp_nonpositive(arch, B::load_unaligned(x + j) - vmax);
+        const B eb = exp_nonpositive(arch, B::load_unaligned(x + j + W) - vmax);
+        ea.store_unaligned(x + j);
+        eb.store_unaligned(x + j + W);
+        sum_a += ea;
+        sum_b += eb;
+    }
+    for (; j < body; j += W) {
+        const B e = exp_nonpositive(arch, B::load_unaligned(x + j) - vmax);
+        e.store_unaligned(x + j);
+        sum_a += e;
+    }
+    if (tail != 0) {
+        const B e = exp_nonpositive(arch, row_detail::load_head(arch, x + body, tail, -std::numeric_limits<float>::infinity()) - vmax);
+        row_detail::store_head(arch, e, x + body, tail);
+        sum_b += e;
+    }
+    return row_detail::reduce_add(arch, sum_a + sum_b);
+}
 
 }  // namespace mha::simd::softmax_detail
