@@ -162,12 +162,10 @@ struct Gemm {
         out.data.assign(out.k * out.n_padded, 0.0f);
         const std::size_t nkb = kblock_count(out.k, out.kc);
         for (std::size_t kb = 0; kb < nkb; ++kb) {
+            // Each k-block is a set of panels of kc rows (panel stride kc·NR) starting at pc·n_padded.
             const std::size_t pc = kblock_start(kb, out.k, nkb), kc = kblock_start(kb + 1, out.k, nkb) - pc;
-            for (std::size_t j0 = 0; j0 < out.n; j0 += NR) {
-                const float* src = tr ? b.data + j0 * b.stride + pc : b.data + pc * b.stride + j0;
-                pack_b_panel<Arch, NR>(std::min(NR, out.n - j0), kc, src, b.stride, tr,
-                                       out.data.data() + pc * out.n_padded + j0 * kc);
-            }
+            const ConstMatrix rows = tr ? b.columns(pc, kc) : b.row_block(pc, kc);
+            pack_panels(rows, tb, out.data.data() + pc * out.n_padded, kc * NR);
         }
     }
 };
