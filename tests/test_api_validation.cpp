@@ -202,19 +202,68 @@ TEST_F(ForwardValidation, OutputWrongShape) {
     expect_rejected("output is [2, 2, 8] but must be [B, Lq, E] = [2, 3, 8]");
 }
 
-TEST_F(ForwardValidation, RowStrideSmallerThanRow) {
-    in.query.row_stride = 7;
-    expect_rejected("query row stride 7 is smaller than its row of 8 columns");
+TEST_F(ForwardValidation, InputRowsMayOverlap) {
+    // Inputs may use any strides: rows that overlap (row stride 7 < 8 columns) and a batch stride of 0
+    // (one matrix broadcast to both batches) are read, never written. Same result as the copied layout.
+    for (std::size_t i = 0; i < query.size(); ++i) query[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+    in.query = ConstBatch(query.data(), B, Lq, E, 7, 0);
+    std::vector<float> copied(B * Lq * E);
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = 0; i < Lq; ++i)
+            for (std::size_t j = 0; j < E; ++j) copied[(b * Lq + i) * E + j] = query[i * 7 + j];
+    mha::AttentionInputs contiguous = in;
+    contiguous.query = ConstBatch(copied.data(), B, Lq, E);
+    for (Backend backend : {Backend::scalar, Backend::simd}) {
+        opt.backend = backend;
+        std::vector<float> want(B * Lq * E);
+        attention.forward(contiguous, {Batch(want.data(), B, Lq, E)}, opt);
+        attention.forward(in, out, opt);
+        EXPECT_EQ(output, want);
+    }
 }
 
 TEST_F(ForwardValidation, OutputRowStrideSmallerThanRow) {
     out.output.row_stride = 5;
-    expect_rejected("output row stride 5 is smaller than its row of 8 columns");
+    expect_rejected("output rows overlap each other (row stride 5, batch stride 24, 8 columns)");
 }
 
-TEST_F(ForwardValidation, BatchStrideTooSmall) {
-    in.key.batch_stride = 31;  // one [4, 8] matrix needs 32
-    expect_rejected("key batch stride 31 is smaller than one matrix of [4, 8] with row stride 8");
+TEST_F(ForwardValidation, OutputBatchStrideOverlapsRows) {
+    out.output.batch_stride = 23;  // one [3, 8] matrix needs 24
+    expect_rejected("output rows overlap each other (row stride 8, batch stride 23, 8 columns)");
+}
+
+TEST_F(ForwardValidation, OutputSequenceFirstRowsOverlap) {
+    // [Lq, B, E] layout with a row stride one short of B·E: batch 1 of row i overlaps row i + 1.
+    out.output = Batch(output.data(), B, Lq, E, B * E - 1, E);
+    expect_rejected("output rows overlap each other (row stride 15, batch stride 8, 8 columns)");
+}
+
+TEST_F(ForwardValidation, OutputSequenceFirstAccepted) {
+    out.output = Batch(output.data(), B, Lq, E, B * E, E);
+    opt.need_weights = NeedWeights::none;
+    EXPECT_NO_THROW(attention.forward(in, out, opt));
+}
+
+TEST_F(ForwardValidation, RowStrideExtentOverflows) {
+    // (rows − 1)·row_stride wraps size_t: must be refused, not computed modulo 2^64.
+    in.key.row_stride = std::size_t{1} << 63;  // 3 · 2^63 wraps
+    expect_rejected("key extent (rows − 1)·row_stride + cols overflows the address space");
+}
+
+TEST_F(ForwardValidation, BatchStrideExtentOverflows) {
+    in.value.batch_stride = ~std::size_t{0} - 5;
+    expect_rejected("value extent (batch − 1)·batch_stride + … overflows the address space");
+}
+
+TEST_F(ForwardValidation, ExtentPastAddressSpace) {
+    // Fits in size_t as elements but not as bytes after the pointer.
+    in.query.batch_stride = std::size_t{1} << 61;
+    expect_rejected("query spans");
+}
+
+TEST_F(ForwardValidation, OutputExtentOverflows) {
+    out.output.batch_stride = ~std::size_t{0} - 3;
+    expect_rejected("output extent (batch − 1)·batch_stride + … overflows the address space");
 }
 
 TEST_F(ForwardValidation, KeyPaddingMaskWrongShape) {
@@ -330,6 +379,41 @@ TEST_F(ForwardValidation, MovedFromObject) {
     expect_invalid([&] { attention.forward(in, out, opt); }, "the attention object was moved from");  // NOLINT
     EXPECT_TRUE(all_equal(output, kSentinel));
 }
+
+TEST_F(ForwardValidation, MovedFromAccessorsReturnZero) {
+    mha::MultiheadAttention taken = std::move(attention);
+    EXPECT_EQ(taken.embed_dim(), E);
+    EXPECT_EQ(attention.embed_dim(), 0u);  // NOLINT(bugprone-use-after-move): documented
+    EXPECT_EQ(attention.num_heads(), 0u);  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(attention.head_dim(), 0u);   // NOLINT(bugprone-use-after-move)
+}
+
+TEST_F(ForwardValidation, AttnWeightsOverlapKeyPaddingMask) {
+    // Weights written over the float key-padding mask they are computed from.
+    std::vector<float> shared(B * H * Lq * Lk, 0.0f);
+    in.key_padding_mask = MaskView::additive(shared.data(), B, Lk);
+    opt.need_weights = NeedWeights::averaged;
+    out.attn_weights = shared.data() + 2;
+    expect_rejected("attn_weights [24 floats] overlaps key_padding_mask");
+    EXPECT_TRUE(all_equal(shared, 0.0f));
+}
+
+TEST_F(ForwardValidation, AttnWeightsOverlapBoolAttnMask) {
+    std::vector<float> shared(B * H * Lq * Lk + 8, 0.0f);
+    in.attn_mask = MaskView::boolean(reinterpret_cast<const std::uint8_t*>(shared.data() + 5), Lq, Lk);
+    opt.need_weights = NeedWeights::per_head;
+    out.attn_weights = shared.data();
+    expect_rejected("attn_weights [48 floats] overlaps attn_mask");
+}
+
+TEST_F(ForwardValidation, NeedWeightsRangeCheckedFirst) {
+    // An out-of-range need_weights with a null attn_weights: the range is reported, not the pointer
+    // (the value is checked before it is used to size anything).
+    opt.need_weights = static_cast<NeedWeights>(7);
+    out.attn_weights = nullptr;
+    expect_rejected("need_weights 7 is not none, averaged or per_head");
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Kernels: A [3, 4], B [4, 2], C [3, 2]; the output (C, x for softmax, y for layernorm) holds a sentinel.

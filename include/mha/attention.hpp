@@ -64,6 +64,11 @@ struct ForwardOptions {
     Impl impl = Impl::automatic;
 };
 
+// Layouts: every tensor is a BatchView with its own row and batch strides, so both PyTorch layouts
+// work without copies: batch_first [B, L, E] is BatchView(p, B, L, E) (row stride E, batch stride L·E);
+// sequence-first [L, B, E] (batch_first=False, PyTorch's default) is BatchView(p, B, L, E, B·E, E).
+// Inputs may use any strides (rows may overlap or repeat). The output's rows must not overlap each
+// other (with the smaller stride s over n entries: s >= E and the larger stride >= (n − 1)·s + E).
 struct AttentionInputs {
     ConstBatch query;            // [B, Lq, E]
     ConstBatch key;              // [B, Lk, E]; data == nullptr: key = query (self-attention)
@@ -87,6 +92,7 @@ public:
     MultiheadAttention(MultiheadAttention&&) noexcept;
     MultiheadAttention& operator=(MultiheadAttention&&) noexcept;
 
+    // 0 on a moved-from object (whose forward throws mha::invalid_argument).
     std::size_t embed_dim() const noexcept;
     std::size_t num_heads() const noexcept;
     std::size_t head_dim() const noexcept;

@@ -2,6 +2,7 @@
 // runs the scalar reference or the SIMD backend. Nothing is written before validation passes.
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "../core/validate.hpp"
 #include "../reference/reference.hpp"
@@ -29,21 +30,41 @@ void check_mask_data(const char* name, const MaskView& m) {
     if (m.rank != 2 && m.rank != 3) fail(std::string(name) + " has rank " + std::to_string(m.rank) + " but must be 2 or 3");
 }
 
+// Elements of a validated mask (shape checked against B, H, Lq, Lk, so the product fits).
+std::size_t mask_elements(const MaskView& m) {
+    std::size_t n = 1;
+    for (int i = 0; i < m.rank; ++i) n *= m.shape[i];
+    return n;
+}
+
+// The mask's bytes fit in the address space after its pointer (its shape matched the inputs).
+void check_mask_extent(const char* name, const MaskView& m) {
+    std::size_t n = 1;
+    for (int i = 0; i < m.rank; ++i) n = detail::checked_madd(n, m.shape[i], 0, std::string(name) + " size");
+    if (m.type == MaskType::boolean)
+        detail::checked_extent(name, m.bools, n);
+    else
+        detail::checked_extent(name, m.values, n);
+}
+
 void check_masks(const AttentionInputs& in, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk) {
     if (const MaskView& m = in.key_padding_mask; m.present()) {
         check_mask_data("key_padding_mask", m);
         if (m.rank != 2 || m.shape[0] != B || m.shape[1] != Lk)
             fail("key_padding_mask has shape " + dims(m) + " but must be [B, Lk] = [" + std::to_string(B) + ", " +
                  std::to_string(Lk) + "]");
+        check_mask_extent("key_padding_mask", m);
     }
     if (const MaskView& m = in.attn_mask; m.present()) {
         check_mask_data("attn_mask", m);
         const bool ok2 = m.rank == 2 && m.shape[0] == Lq && m.shape[1] == Lk;
-        const bool ok3 = m.rank == 3 && m.shape[0] == B * H && m.shape[1] == Lq && m.shape[2] == Lk;
+        const bool ok3 = m.rank == 3 && m.shape[0] % H == 0 && m.shape[0] / H == B &&  // B·H may not fit
+                          m.shape[1] == Lq && m.shape[2] == Lk;
         if (!ok2 && !ok3)
             fail("attn_mask has shape " + dims(m) + " but must be [Lq, Lk] = [" + std::to_string(Lq) + ", " +
                  std::to_string(Lk) + "] or [B·H, Lq, Lk] = [" + std::to_string(B * H) + ", " + std::to_string(Lq) +
                  ", " + std::to_string(Lk) + "]");
+        check_mask_extent("attn_mask", m);
     }
 }
 
@@ -77,9 +98,9 @@ MultiheadAttention::~MultiheadAttention() = default;
 MultiheadAttention::MultiheadAttention(MultiheadAttention&&) noexcept = default;
 MultiheadAttention& MultiheadAttention::operator=(MultiheadAttention&&) noexcept = default;
 
-std::size_t MultiheadAttention::embed_dim() const noexcept { return state_->E; }
-std::size_t MultiheadAttention::num_heads() const noexcept { return state_->H; }
-std::size_t MultiheadAttention::head_dim() const noexcept { return state_->E / state_->H; }
+std::size_t MultiheadAttention::embed_dim() const noexcept { return state_ ? state_->E : 0; }
+std::size_t MultiheadAttention::num_heads() const noexcept { return state_ ? state_->H : 0; }
+std::size_t MultiheadAttention::head_dim() const noexcept { return state_ ? state_->E / state_->H : 0; }
 
 void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionOutputs& out,
                                  const ForwardOptions& opt) const {
@@ -89,10 +110,22 @@ void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionO
     if (in.key.data == nullptr) in.key = in.query;
     if (in.value.data == nullptr) in.value = in.key;
 
+    // Enum and scalar options first: later checks use need_weights.
+    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
+        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
+    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
+        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
+    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
+        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
+    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
+    if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
+        fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
+
     detail::check_batch("query", in.query);
     detail::check_batch("key", in.key);
     detail::check_batch("value", in.value);
     detail::check_batch("output", out.output);
+    detail::check_rows_disjoint("output", out.output);
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
     if (in.query.cols != E) fail("query has " + std::to_string(in.query.cols) + " features but embed_dim is " + std::to_string(E));
     if (in.key.cols != E) fail("key has " + std::to_string(in.key.cols) + " features but embed_dim is " + std::to_string(E));
@@ -110,21 +143,24 @@ void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionO
     check_masks(in, B, H, Lq, Lk);
     if (opt.need_weights != NeedWeights::none) {
         if (out.attn_weights == nullptr) fail("need_weights is set but attn_weights is a null pointer");
-        const std::size_t count = B * (opt.need_weights == NeedWeights::per_head ? H : 1) * Lq * Lk;
+        const std::size_t heads = opt.need_weights == NeedWeights::per_head ? H : 1;
+        const std::size_t count = detail::checked_extent(
+            "attn_weights", out.attn_weights,
+            detail::checked_madd(detail::checked_madd(B, heads, 0, "attn_weights [B, H]"),
+                                 detail::checked_madd(Lq, Lk, 0, "attn_weights [Lq, Lk]"), 0, "attn_weights size"));
         const Batch weights(out.attn_weights, 1, 1, count);
         if (detail::overlaps(weights, out.output) || detail::overlaps(weights, in.query) ||
             detail::overlaps(weights, in.key) || detail::overlaps(weights, in.value))
             fail("attn_weights [" + std::to_string(count) + " floats] overlaps output, query, key or value");
+        for (const auto& [name, m] : {std::pair<const char*, const MaskView*>{"key_padding_mask", &in.key_padding_mask},
+                                      std::pair<const char*, const MaskView*>{"attn_mask", &in.attn_mask}}) {
+            if (!m->present()) continue;
+            const std::size_t n = mask_elements(*m);
+            if (m->type == MaskType::boolean ? detail::overlaps(out.attn_weights, count, m->bools, n)
+                                             : detail::overlaps(out.attn_weights, count, m->values, n))
+                fail(std::string("attn_weights [") + std::to_string(count) + " floats] overlaps " + name);
+        }
     }
-    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
-        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
-    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
-        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
-    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
-        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
-    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
-    if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
-        fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
 
     if (opt.backend == Backend::scalar)
         reference::multihead_attention(state_->weights(), E, H, in, out, opt);

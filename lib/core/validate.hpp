@@ -1,8 +1,12 @@
 // Argument checks shared by the public entry points. Each throws mha::invalid_argument with a
-// message that names the argument and its values.
+// message that names the argument and its values. Extents are computed with overflow checks, so a
+// garbage stride or shape is refused instead of wrapping around and passing.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "mha/error.hpp"
 #include "mha/view.hpp"
@@ -18,7 +22,25 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
     return s;
 }
 
-// A non-empty matrix view with a valid pointer and stride >= cols.
+// a·b + c, or fails naming `what` if it does not fit in size_t.
+inline std::size_t checked_madd(std::size_t a, std::size_t b, std::size_t c, const std::string& what) {
+    std::size_t p = 0, s = 0;
+    if (__builtin_mul_overflow(a, b, &p) || __builtin_add_overflow(p, c, &s)) fail(what + " overflows the address space");
+    return s;
+}
+
+// Elements from a view's first to one past its last element; the bytes must fit in the address space
+// after the pointer (no wrap-around).
+template <class T>
+std::size_t checked_extent(const std::string& name, const T* data, std::size_t elements) {
+    constexpr std::size_t max_bytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+    if (elements > max_bytes / sizeof(T) ||
+        reinterpret_cast<std::uintptr_t>(data) > std::numeric_limits<std::uintptr_t>::max() - elements * sizeof(T))
+        fail(name + " spans " + std::to_string(elements) + " elements, which overflows the address space");
+    return elements;
+}
+
+// A non-empty matrix view with a valid pointer, stride >= cols, and an extent that fits.
 template <class T>
 void check_matrix(const char* name, const MatrixView<T>& m) {
     if (m.rows == 0 || m.cols == 0) fail(std::string(name) + " has zero size " + shape_str(m.rows, m.cols));
@@ -26,37 +48,64 @@ void check_matrix(const char* name, const MatrixView<T>& m) {
     if (m.stride < m.cols)
         fail(std::string(name) + " stride " + std::to_string(m.stride) + " is smaller than its row of " +
              std::to_string(m.cols) + " columns");
+    checked_extent(name, m.data,
+                   checked_madd(m.rows - 1, m.stride, m.cols, std::string(name) + " extent (rows − 1)·stride + cols"));
 }
 
+// The elements a batch view spans: (batch − 1)·batch_stride + (rows − 1)·row_stride + cols, checked.
+template <class T>
+std::size_t batch_extent(const std::string& name, const BatchView<T>& b) {
+    const std::size_t rows = checked_madd(b.rows - 1, b.row_stride, b.cols, name + " extent (rows − 1)·row_stride + cols");
+    return checked_extent(name, b.data, checked_madd(b.batch - 1, b.batch_stride, rows, name + " extent (batch − 1)·batch_stride + …"));
+}
+
+// A non-empty batch view with a valid pointer whose extent fits. Inputs may use any strides (rows may
+// overlap or repeat: a stride of 0 broadcasts); an output must have rows_disjoint too.
 template <class T>
 void check_batch(const char* name, const BatchView<T>& b) {
     if (b.batch == 0 || b.rows == 0 || b.cols == 0)
         fail(std::string(name) + " has zero size [" + std::to_string(b.batch) + ", " + std::to_string(b.rows) + ", " +
              std::to_string(b.cols) + "]");
     if (b.data == nullptr) fail(std::string(name) + " is a null pointer");
-    if (b.row_stride < b.cols)
-        fail(std::string(name) + " row stride " + std::to_string(b.row_stride) + " is smaller than its row of " +
-             std::to_string(b.cols) + " columns");
-    if (b.batch > 1 && b.batch_stride < (b.rows - 1) * b.row_stride + b.cols)
-        fail(std::string(name) + " batch stride " + std::to_string(b.batch_stride) + " is smaller than one matrix of " +
-             shape_str(b.rows, b.cols) + " with row stride " + std::to_string(b.row_stride));
+    batch_extent(name, b);
 }
 
-// Half-open byte ranges [first, last) touched by two views; true if they intersect.
+// The rows of an output batch view do not overlap each other. With the two dimensions that have more
+// than one entry sorted by stride (small stride s with n entries, large stride S), the rows are disjoint
+// when s >= cols and S >= (n − 1)·s + cols: every row of one step of the large stride ends before the
+// next one starts. Covers [B, L, E] (batch-first), [L, B, E] (sequence-first) and padded layouts.
+template <class T>
+void check_rows_disjoint(const char* name, const BatchView<T>& b) {
+    std::pair<std::size_t, std::size_t> dims[2];  // (stride, count)
+    int n = 0;
+    if (b.rows > 1) dims[n++] = {b.row_stride, b.rows};
+    if (b.batch > 1) dims[n++] = {b.batch_stride, b.batch};
+    if (n == 2 && dims[1].first < dims[0].first) std::swap(dims[0], dims[1]);
+    const std::string layout = " (row stride " + std::to_string(b.row_stride) + ", batch stride " +
+                               std::to_string(b.batch_stride) + ", " + std::to_string(b.cols) + " columns)";
+    if (n >= 1 && dims[0].first < b.cols) fail(std::string(name) + " rows overlap each other" + layout);
+    if (n == 2 && dims[1].first < (dims[0].second - 1) * dims[0].first + b.cols)
+        fail(std::string(name) + " rows overlap each other" + layout);
+}
+
+// Half-open byte ranges [first, last) touched by two spans of elements; true if they intersect.
+template <class T, class U>
+bool overlaps(const T* a, std::size_t a_elements, const U* b, std::size_t b_elements) {
+    const auto* a0 = reinterpret_cast<const char*>(a);
+    const auto* b0 = reinterpret_cast<const char*>(b);
+    return a0 < reinterpret_cast<const char*>(b + b_elements) && b0 < reinterpret_cast<const char*>(a + a_elements);
+}
+
+// Views already checked (extents fit).
 template <class T, class U>
 bool overlaps(const MatrixView<T>& a, const MatrixView<U>& b) {
-    const auto* a0 = reinterpret_cast<const char*>(a.data);
-    const auto* a1 = reinterpret_cast<const char*>(a.data + (a.rows - 1) * a.stride + a.cols);
-    const auto* b0 = reinterpret_cast<const char*>(b.data);
-    const auto* b1 = reinterpret_cast<const char*>(b.data + (b.rows - 1) * b.stride + b.cols);
-    return a0 < b1 && b0 < a1;
+    return overlaps(a.data, (a.rows - 1) * a.stride + a.cols, b.data, (b.rows - 1) * b.stride + b.cols);
 }
 
 template <class T, class U>
 bool overlaps(const BatchView<T>& a, const BatchView<U>& b) {
-    const MatrixView<T> fa(a.data, 1, (a.batch - 1) * a.batch_stride + (a.rows - 1) * a.row_stride + a.cols);
-    const MatrixView<U> fb(b.data, 1, (b.batch - 1) * b.batch_stride + (b.rows - 1) * b.row_stride + b.cols);
-    return overlaps(fa, fb);
+    return overlaps(a.data, (a.batch - 1) * a.batch_stride + (a.rows - 1) * a.row_stride + a.cols, b.data,
+                    (b.batch - 1) * b.batch_stride + (b.rows - 1) * b.row_stride + b.cols);
 }
 
 }  // namespace mha::detail
