@@ -16,11 +16,12 @@
 
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
+#include "mha/workspace.hpp"
 
 namespace mha {
 
-// Weights in PyTorch's layout, all row-major and contiguous. They are copied (and packed for the
-// SIMD backend) when the attention object is built; the caller's memory may be freed afterwards.
+// Weights in PyTorch's layout, all row-major and contiguous. They are packed (one copy) when the
+// attention object is built; the caller's memory may be freed afterwards.
 struct AttentionWeights {
     const float* in_proj_weight = nullptr;   // [3E, E], rows: Wq (E rows), Wk, Wv. Required.
     const float* in_proj_bias = nullptr;     // [3E] or nullptr (zeros)
@@ -99,11 +100,25 @@ public:
 
     // Computes the outputs. Validates every argument first and throws mha::invalid_argument without
     // writing anything. Safe to call concurrently on one object (it is not modified).
+    // Memory: the scratch of mha/workspace.hpp, leased from the process-wide scratch cache before any
+    // work starts (std::bad_alloc, if it comes, comes before any output is written).
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options = {}) const;
+    // The same in the caller's workspace, which must hold workspace_bytes(in, options) bytes (else
+    // mha::invalid_argument): the SIMD backend then allocates nothing. One call at a time per workspace.
+    void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options,
+                 Workspace& workspace) const;
+    // Bytes of workspace a forward with these inputs' shapes (only their sizes and whether key/value are the
+    // query are read) and options needs; 0 for the scalar backend. With options.threads == 0 it depends on
+    // the arena the caller is in (all cores outside any): ask from where forward will run.
+    std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options = {}) const;
+    // Bytes of weights this object holds: the packed projections (one copy each, panel padding included),
+    // the biases and the norm parameters. 0 on a moved-from object.
+    std::size_t weight_bytes() const noexcept;
 
     struct State;  // weights (and packed weights); defined in lib/attention
 
 private:
+    void run(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, Workspace* workspace) const;
     std::unique_ptr<State> state_;
 };
 

@@ -5,6 +5,7 @@
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
+#include "mha/workspace.hpp"
 
 namespace mha {
 // The library's version, "MAJOR.MINOR.PATCH".

@@ -2,25 +2,25 @@
 #include "attention_plan.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <limits>
-#include <new>
 
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "../core/validate.hpp"
+#include "fused_attention.hpp"
 
 namespace mha::detail {
 namespace {
 
-constexpr std::size_t kAlign = 64;
-
 // Rows of a projection task: large enough for the GEMM's row blocking, small enough to give every
 // core work at B·L = 128 tokens.
 constexpr std::size_t kRowBlock = 64;
-// Query rows of an attention task. Materialized: 64 rows × Lk scores stay in L2. Fused: 128 rows
-// halve how often each packed key/value tile is streamed from L2 per query row.
-constexpr std::size_t kQueryBlock = 64;
-constexpr std::size_t kFusedQueryBlock = 128;
 // Keys per packing task of the fused path (a multiple of every ISA's panel width and of 16).
 constexpr std::size_t kPackBlock = 256;
 
@@ -39,57 +39,136 @@ const float* additive(const MaskView& m, std::vector<float>& store) {
     return store.data();
 }
 
-struct ScratchSlots {
-    AlignedArray slot[Scratch::count];
+// Overflow-checked size arithmetic for the scratch layout.
+std::size_t mul(std::size_t a, std::size_t b) {
+    std::size_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) fail("the scratch of this call overflows the address space");
+    return r;
+}
+
+// Carves 64-byte aligned regions (16 floats) out of a running total.
+struct Carver {
+    std::size_t total = 0;
+    std::size_t take(std::size_t floats) {
+        const std::size_t at = total;
+        std::size_t end = 0;
+        if (__builtin_add_overflow(total, floats, &end) || end > SIZE_MAX / sizeof(float) - 16)
+            fail("the scratch of this call overflows the address space");
+        total = (end + 15) / 16 * 16;
+        return at;
+    }
 };
+
+// The ISAs the kernels may run on now (the cap can only lower it): sizes are the largest over them.
+constexpr Isa kIsas[] = {Isa::sse2, Isa::avx2, Isa::avx512};
 
 }  // namespace
 
-AlignedArray::AlignedArray(std::size_t n)
-    : data_(static_cast<float*>(::operator new[](std::max<std::size_t>(n, 1) * sizeof(float), std::align_val_t(kAlign)))),
-      size_(n) {}
+bool use_fused(const AttentionInputs& in, const ForwardOptions& opt) noexcept {
+    return opt.need_weights == NeedWeights::none &&
+           (opt.impl == Impl::fused || (opt.impl == Impl::automatic && in.key.rows >= kFusedMinKeys));
+}
 
-void AlignedArray::Free::operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t(kAlign)); }
+bool is_self_attention(const AttentionInputs& in) noexcept {
+    return same_view(in.query, in.key) && same_view(in.key, in.value);
+}
 
-float* Scratch::get(std::size_t n, Slot slot) {
-    thread_local ScratchSlots slots;
-    AlignedArray& a = slots.slot[slot];
-    if (a.size() < n) a = AlignedArray(n + n / 4);
-    return a.data();
+std::size_t arena_threads(const ForwardOptions& opt) {
+    if (opt.threads <= 0) return static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+    // More threads than TBB may run at once (global_control, by default the core count) would only
+    // leave arena slots empty.
+    const auto allowed = tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
+    return std::min(static_cast<std::size_t>(opt.threads), allowed);
+}
+
+ScratchLayout scratch_layout(std::size_t E, std::size_t H, std::size_t B, std::size_t Lq, std::size_t Lk, bool self_attention,
+                             bool fused, NeedWeights need_weights, std::size_t threads) {
+    ScratchLayout l;
+    Carver c;
+    const std::size_t d = E / H;
+    if (self_attention) {
+        l.projections = c.take(mul(mul(B, Lq), mul(3, E)));
+    } else {
+        l.projections = c.take(mul(mul(B, Lq), E));
+        l.key_values = c.take(mul(mul(B, Lk), mul(2, E)));
+    }
+    l.context = c.take(mul(mul(B, Lq), E));
+    std::size_t scores = 0, accumulator = 0, row_stats = 0;
+    if (fused) {
+        std::size_t key_floats = 0, value_floats = 0;
+        for (Isa isa : kIsas) {
+            key_floats = std::max(key_floats, simd::PanelMatrix::floats(isa, Lk, simd::PanelMatrix::min_panel_stride(isa, d)));
+            value_floats = std::max(value_floats, simd::PanelMatrix::floats(isa, d, simd::PanelMatrix::min_panel_stride(isa, Lk)));
+        }
+        l.key_panels = c.take(mul(mul(B, H), key_floats));
+        l.value_panels = c.take(mul(mul(B, H), value_floats));
+        scores = kFusedQueryBlock * kFusedKeyTile;
+        accumulator = kFusedQueryBlock * d;
+        row_stats = 2 * kFusedQueryBlock;
+    } else {
+        // per_head writes the probabilities straight into attn_weights.
+        scores = need_weights == NeedWeights::per_head ? 0 : mul(kQueryBlock, Lk);
+        for (Isa isa : kIsas) {
+            // S = Q_h·K_hᵀ: [rows, keys] over d; then P·V_h: [rows, d] over keys.
+            const simd::GemmScratchSize qk = simd::gemm_scratch_bound(isa, kQueryBlock, Lk, d, Trans::no, Trans::yes);
+            const simd::GemmScratchSize pv = simd::gemm_scratch_bound(isa, kQueryBlock, d, Lk, Trans::no, Trans::no);
+            l.gemm.a_floats = std::max({l.gemm.a_floats, qk.a_floats, pv.a_floats});
+            l.gemm.b_floats = std::max({l.gemm.b_floats, qk.b_floats, pv.b_floats});
+        }
+    }
+    Carver slot;
+    l.scores = slot.take(scores);
+    l.accumulator = slot.take(accumulator);
+    l.row_stats = slot.take(row_stats);
+    l.gemm_a = slot.take(l.gemm.a_floats);
+    l.gemm_b = slot.take(l.gemm.b_floats);
+    l.slot_floats = slot.total;
+    l.threads = threads;
+    l.slots = c.take(mul(threads, l.slot_floats));
+    l.total_floats = c.total;
+    return l;
 }
 
 AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs&,
-                             const ForwardOptions& opt, bool fused)
+                             const ForwardOptions& opt, bool fused, const ScratchLayout& layout, float* scratch)
     : E(st.E), H(st.H), head_dim(st.E / st.H), B(in.query.batch), Lq(in.query.rows), Lk(in.key.rows),
       scale(1.0f / std::sqrt(static_cast<float>(st.E / st.H))), causal(opt.causal), need_weights(opt.need_weights),
-      query_block(fused ? kFusedQueryBlock : kQueryBlock), row_block(kRowBlock),
-      self_attention(same_view(in.query, in.key) && same_view(in.key, in.value)), norm_eps_(opt.norm_eps) {
+      query_block(fused ? kFusedQueryBlock : kQueryBlock), row_block(kRowBlock), self_attention(is_self_attention(in)),
+      norm_eps_(opt.norm_eps), slots_(scratch + layout.slots), layout_(layout) {
     if (self_attention) {
-        float* qkv = Scratch::get(B * Lq * 3 * E, Scratch::projections);
+        float* qkv = scratch + layout.projections;
         Q = Batch(qkv, B, Lq, E, 3 * E, Lq * 3 * E);
         K = Batch(qkv + E, B, Lq, E, 3 * E, Lq * 3 * E);
         V = Batch(qkv + 2 * E, B, Lq, E, 3 * E, Lq * 3 * E);
     } else {
-        Q = Batch(Scratch::get(B * Lq * E, Scratch::projections), B, Lq, E);
-        float* kv = Scratch::get(B * Lk * 2 * E, Scratch::key_values);
+        Q = Batch(scratch + layout.projections, B, Lq, E);
+        float* kv = scratch + layout.key_values;
         K = Batch(kv, B, Lk, E, 2 * E, Lk * 2 * E);
         V = Batch(kv + E, B, Lk, E, 2 * E, Lk * 2 * E);
     }
-    C = Batch(Scratch::get(B * Lq * E, Scratch::context), B, Lq, E);
+    C = Batch(scratch + layout.context, B, Lq, E);
     if (fused) {
         panel_isa_ = active_isa();
         key_panel_stride_ = simd::PanelMatrix::min_panel_stride(panel_isa_, head_dim);
         value_panel_stride_ = simd::PanelMatrix::min_panel_stride(panel_isa_, Lk);
         key_head_floats_ = simd::PanelMatrix::floats(panel_isa_, Lk, key_panel_stride_);
         value_head_floats_ = simd::PanelMatrix::floats(panel_isa_, head_dim, value_panel_stride_);
-        key_panels_ = Scratch::get(B * H * key_head_floats_, Scratch::key_panels);
-        value_panels_ = Scratch::get(B * H * value_head_floats_, Scratch::value_panels);
+        key_panels_ = scratch + layout.key_panels;
+        value_panels_ = scratch + layout.value_panels;
     }
     if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
     if (in.attn_mask.present()) {
         attn_mask_ = additive(in.attn_mask, attn_mask_store_);
         attn_mask_rank_ = in.attn_mask.rank;
     }
+}
+
+AttentionPlan::ThreadScratch AttentionPlan::thread_scratch() const noexcept {
+    const int index = tbb::this_task_arena::current_thread_index();
+    assert(index >= 0 && static_cast<std::size_t>(index) < layout_.threads);
+    float* slot = slots_ + static_cast<std::size_t>(index) * layout_.slot_floats;
+    return {slot + layout_.scores, slot + layout_.accumulator, slot + layout_.row_stats,
+            simd::GemmScratch{slot + layout_.gemm_a, layout_.gemm.a_floats, slot + layout_.gemm_b, layout_.gemm.b_floats}};
 }
 
 void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const AttentionInputs& in) const {
@@ -100,7 +179,14 @@ void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const At
             for (std::size_t t = r.begin(); t != r.end(); ++t) {
                 const std::size_t b = t / nq, r0 = (t % nq) * row_block, n = std::min(row_block, Lq - r0);
                 const Matrix qkv(Q[b].data + r0 * 3 * E, n, 3 * E, 3 * E);
-                simd::gemm_packed(1.0f, in.query[b].row_block(r0, n), Trans::no, st.wqkv, 0.0f, bias, qkv);
+                const ConstMatrix x = in.query[b].row_block(r0, n);
+                if (st.in_proj.segments_contiguous()) {
+                    simd::gemm_packed(1.0f, x, Trans::no, st.in_proj.all(), 0.0f, bias, qkv);
+                } else {  // E is not a multiple of the panel width: Wq, Wk, Wv are padded apart
+                    for (std::size_t part = 0; part < 3; ++part)
+                        simd::gemm_packed(1.0f, x, Trans::no, st.in_proj.segments(part, 1), 0.0f, bias + part * E,
+                                          qkv.columns(part * E, E));
+                }
             }
         });
         return;
@@ -111,14 +197,14 @@ void AttentionPlan::project_inputs(const MultiheadAttention::State& st, const At
             const std::size_t b = t / (nq + 2 * nk), u = t % (nq + 2 * nk);
             if (u < nq) {
                 const std::size_t r0 = u * row_block, n = std::min(row_block, Lq - r0);
-                simd::gemm_packed(1.0f, in.query[b].row_block(r0, n), Trans::no, st.wq, 0.0f, bias, Q[b].row_block(r0, n));
+                simd::gemm_packed(1.0f, in.query[b].row_block(r0, n), Trans::no, st.in_proj.segments(0, 1), 0.0f, bias, Q[b].row_block(r0, n));
             } else {
                 const bool is_key = u < nq + nk;
                 const std::size_t r0 = (is_key ? u - nq : u - nq - nk) * row_block, n = std::min(row_block, Lk - r0);
                 if (is_key)
-                    simd::gemm_packed(1.0f, in.key[b].row_block(r0, n), Trans::no, st.wk, 0.0f, bias + E, K[b].row_block(r0, n));
+                    simd::gemm_packed(1.0f, in.key[b].row_block(r0, n), Trans::no, st.in_proj.segments(1, 1), 0.0f, bias + E, K[b].row_block(r0, n));
                 else
-                    simd::gemm_packed(1.0f, in.value[b].row_block(r0, n), Trans::no, st.wv, 0.0f, bias + 2 * E,
+                    simd::gemm_packed(1.0f, in.value[b].row_block(r0, n), Trans::no, st.in_proj.segments(2, 1), 0.0f, bias + 2 * E,
                                       V[b].row_block(r0, n));
             }
         }
@@ -149,7 +235,7 @@ void AttentionPlan::project_output(const MultiheadAttention::State& st, const At
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t b = t / nq, r0 = (t % nq) * row_block, n = std::min(row_block, Lq - r0);
             const Matrix y = out.output[b].row_block(r0, n);
-            simd::gemm_packed(1.0f, C[b].row_block(r0, n), Trans::no, st.wo, 0.0f, st.out_b.data(), y);
+            simd::gemm_packed(1.0f, C[b].row_block(r0, n), Trans::no, st.out_proj, 0.0f, st.out_b.data(), y);
             if (!norm_eps_) continue;
             const ConstMatrix x = in.query[b].row_block(r0, n);
             for (std::size_t i = 0; i < n; ++i) simd::layernorm_row(y.row(i), y.row(i), x.row(i), E, gamma, beta, *norm_eps_);

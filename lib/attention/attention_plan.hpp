@@ -1,5 +1,6 @@
 // What one SIMD forward call shares between its steps: shapes, the projected Q/K/V and context buffers
-// (heads are column views into them), the masks as additive rows, and the per-thread scratch.
+// (heads are column views into them), the masks as additive rows, and the per-thread scratch slots,
+// all carved from one caller-provided block (a Workspace or a lease from the scratch cache).
 // Preconditions: arguments validated by MultiheadAttention::forward, key/value resolved.
 #pragma once
 #include <cstddef>
@@ -13,33 +14,28 @@
 
 namespace mha::detail {
 
-// A 64-byte aligned float array, left uninitialized (every element is written before it is read).
-class AlignedArray {
-public:
-    AlignedArray() = default;
-    explicit AlignedArray(std::size_t n);
-    float* data() const noexcept { return data_.get(); }
-    std::size_t size() const noexcept { return size_; }
-
-private:
-    struct Free {
-        void operator()(float* p) const noexcept;
-    };
-    std::unique_ptr<float, Free> data_;
-    std::size_t size_ = 0;
+// Where a forward's scratch lives, in floats from a 64-byte aligned base (each region 64-byte aligned):
+// the per-call buffers, then one slot per thread of the arena (tbb's current_thread_index picks it).
+// Sizes depend on the shape, the path and the thread count only. Arithmetic is overflow-checked
+// (mha::invalid_argument if the scratch would not fit in the address space).
+struct ScratchLayout {
+    std::size_t projections = 0, key_values = 0, context = 0, key_panels = 0, value_panels = 0;
+    std::size_t slots = 0, slot_floats = 0, threads = 0;
+    // within a slot
+    std::size_t scores = 0, accumulator = 0, row_stats = 0, gemm_a = 0, gemm_b = 0;
+    simd::GemmScratchSize gemm{};
+    std::size_t total_floats = 0;
+    std::size_t bytes() const noexcept { return total_floats * sizeof(float); }
 };
 
-// Per-thread scratch reused across tasks and calls: no allocation per task, none per call after the
-// first call of a shape. get(n, slot) returns at least n floats, valid until the same thread asks for
-// the same slot again. Grows, never shrinks (memory stays with the thread, as with any thread cache).
-// Slots 0..2 belong to one attention task (which never waits on other tasks); slots 3..5 hold the
-// buffers of one forward call on the calling thread, whose wait is isolated so that thread cannot
-// start another forward meanwhile.
-struct Scratch {
-    enum Slot { scores = 0, accumulator = 1, row_stats = 2, projections = 3, key_values = 4, context = 5, key_panels = 6,
-               value_panels = 7, count = 8 };
-    static float* get(std::size_t n, Slot slot);
-};
+// The fused path is taken for this call (need_weights needs the materialized probabilities).
+bool use_fused(const AttentionInputs& in, const ForwardOptions& opt) noexcept;
+// key and value are the query itself (one GEMM for Q, K and V). key/value resolved.
+bool is_self_attention(const AttentionInputs& in) noexcept;
+// The concurrency of the arena a forward with these options runs in.
+std::size_t arena_threads(const ForwardOptions& opt);
+ScratchLayout scratch_layout(std::size_t E, std::size_t H, std::size_t B, std::size_t Lq, std::size_t Lk, bool self_attention,
+                             bool fused, NeedWeights need_weights, std::size_t threads);
 
 struct AttentionPlan {
     std::size_t E, H, head_dim, B, Lq, Lk;
@@ -65,8 +61,19 @@ struct AttentionPlan {
     // Call inside the arena.
     void pack_keys_values() const;
 
+    // scratch: layout.total_floats floats, 64-byte aligned, for layout = scratch_layout(...) of this call.
     AttentionPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
-                  const ForwardOptions& opt, bool fused);
+                  const ForwardOptions& opt, bool fused, const ScratchLayout& layout, float* scratch);
+
+    // This thread's slot: the score block, the fused path's accumulator and row statistics, and the GEMM
+    // pack buffers. Call inside the arena, from one task at a time per thread (tasks never nest).
+    struct ThreadScratch {
+        float* scores;
+        float* accumulator;
+        float* row_stats;
+        simd::GemmScratch gemm;
+    };
+    ThreadScratch thread_scratch() const noexcept;
 
     // The additive key-padding row of batch b ([Lk]), or nullptr.
     const float* key_padding_row(std::size_t b) const noexcept { return key_padding_ ? key_padding_ + b * Lk : nullptr; }
@@ -91,6 +98,8 @@ private:
     float* value_panels_ = nullptr;
     std::size_t key_panel_stride_ = 0, value_panel_stride_ = 0, key_head_floats_ = 0, value_head_floats_ = 0;
     Isa panel_isa_ = Isa::sse2;
+    float* slots_ = nullptr;
+    ScratchLayout layout_;
 };
 
 }  // namespace mha::detail

@@ -27,9 +27,10 @@ bool all_masked(const float* additive, std::size_t n) {
 
 void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::size_t i0, std::size_t rows) {
     const std::size_t d = p.head_dim, tile = kFusedKeyTile;
-    const Matrix s(Scratch::get(rows * tile, Scratch::scores), rows, tile, tile);
-    const Matrix o(Scratch::get(rows * d, Scratch::accumulator), rows, d, d);
-    float* row_max = Scratch::get(2 * rows, Scratch::row_stats);
+    const AttentionPlan::ThreadScratch scratch = p.thread_scratch();
+    const Matrix s(scratch.scores, rows, tile, tile);
+    const Matrix o(scratch.accumulator, rows, d, d);
+    float* row_max = scratch.row_stats;
     float* row_sum = row_max + rows;
     std::fill(row_max, row_max + rows, kMinusInf);
     std::fill(row_sum, row_sum + rows, 0.0f);

@@ -7,7 +7,12 @@
 
 namespace mha::detail {
 
-// Keys per tile of the fused path. With 128-query blocks (kFusedQueryBlock in attention_plan.cpp), one
+// Query rows of an attention task. Materialized: 64 rows × Lk scores stay in L2. Fused: 128 rows
+// halve how often each packed key/value tile is streamed from L2 per query row.
+inline constexpr std::size_t kQueryBlock = 64;
+inline constexpr std::size_t kFusedQueryBlock = 128;
+
+// Keys per tile of the fused path. With 128-query blocks (kFusedQueryBlock), one
 // thread, B=1 E=768 H=12 (`mha bench --op attention --impl fused --threads 1`, medians of 2 runs of 3),
 // ms at L=4096 / L=1024 on the Zen 4 dev machine:
 //   query block × key tile  128×256: 694.7 / 76.6   64×256: 695.9 / 78.1   256×256: 698.4 / 79.3

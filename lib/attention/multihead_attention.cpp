@@ -80,17 +80,13 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, std::size_t E,
     auto s = std::make_unique<State>();
     s->E = E;
     s->H = H;
-    s->in_w.assign(w.in_proj_weight, w.in_proj_weight + 3 * E * E);
-    s->out_w.assign(w.out_proj_weight, w.out_proj_weight + E * E);
     s->in_b = w.in_proj_bias ? std::vector<float>(w.in_proj_bias, w.in_proj_bias + 3 * E) : std::vector<float>(3 * E, 0.0f);
     s->out_b = w.out_proj_bias ? std::vector<float>(w.out_proj_bias, w.out_proj_bias + E) : std::vector<float>(E, 0.0f);
     if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
-    s->wqkv = simd::PackedMatrix(ConstMatrix(s->in_w.data(), 3 * E, E), Trans::yes);
-    s->wq = simd::PackedMatrix(ConstMatrix(s->in_w.data(), E, E), Trans::yes);
-    s->wk = simd::PackedMatrix(ConstMatrix(s->in_w.data() + E * E, E, E), Trans::yes);
-    s->wv = simd::PackedMatrix(ConstMatrix(s->in_w.data() + 2 * E * E, E, E), Trans::yes);
-    s->wo = simd::PackedMatrix(ConstMatrix(s->out_w.data(), E, E), Trans::yes);
+    // One packed copy of each weight, straight from the caller's memory (Wq, Wk, Wv as three segments).
+    s->in_proj = simd::PackedMatrix(ConstMatrix(w.in_proj_weight, 3 * E, E), Trans::yes, 3);
+    s->out_proj = simd::PackedMatrix(ConstMatrix(w.out_proj_weight, E, E), Trans::yes);
     state_ = std::move(s);
 }
 
@@ -102,8 +98,35 @@ std::size_t MultiheadAttention::embed_dim() const noexcept { return state_ ? sta
 std::size_t MultiheadAttention::num_heads() const noexcept { return state_ ? state_->H : 0; }
 std::size_t MultiheadAttention::head_dim() const noexcept { return state_ ? state_->E / state_->H : 0; }
 
-void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionOutputs& out,
-                                 const ForwardOptions& opt) const {
+std::size_t MultiheadAttention::weight_bytes() const noexcept { return state_ ? state_->bytes() : 0; }
+
+void MultiheadAttention::forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt) const {
+    run(in, out, opt, nullptr);
+}
+
+void MultiheadAttention::forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt,
+                                 Workspace& workspace) const {
+    run(in, out, opt, &workspace);
+}
+
+std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in_arg, const ForwardOptions& opt) const {
+    if (!state_) fail("the attention object was moved from");
+    AttentionInputs in = in_arg;
+    if (in.key.data == nullptr) in.key = in.query;
+    if (in.value.data == nullptr) in.value = in.key;
+    for (const auto& [name, v] : {std::pair<const char*, const ConstBatch*>{"query", &in.query}, {"key", &in.key}, {"value", &in.value}})
+        if (v->batch == 0 || v->rows == 0 || v->cols != state_->E)
+            fail(std::string(name) + " is [" + std::to_string(v->batch) + ", " + std::to_string(v->rows) + ", " +
+                 std::to_string(v->cols) + "] but must be non-empty with embed_dim " + std::to_string(state_->E) + " features");
+    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
+    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
+        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
+    if (opt.backend == Backend::scalar) return 0;
+    return simd_workspace_bytes(*state_, in, opt);
+}
+
+void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutputs& out, const ForwardOptions& opt,
+                             Workspace* workspace) const {
     if (!state_) fail("the attention object was moved from");
     const std::size_t E = state_->E, H = state_->H;
     AttentionInputs in = in_arg;
@@ -162,10 +185,12 @@ void MultiheadAttention::forward(const AttentionInputs& in_arg, const AttentionO
         }
     }
 
-    if (opt.backend == Backend::scalar)
-        reference::multihead_attention(state_->weights(), E, H, in, out, opt);
-    else
-        simd_multihead_attention(*state_, in, out, opt);
+    if (opt.backend == Backend::scalar) {
+        const State::Unpacked weights = state_->unpacked();  // before anything is written (may throw bad_alloc)
+        reference::multihead_attention(weights.weights(*state_), E, H, in, out, opt);
+    } else {
+        simd_multihead_attention(*state_, in, out, opt, workspace);
+    }
 }
 
 }  // namespace mha

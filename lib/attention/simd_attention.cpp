@@ -12,13 +12,15 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <new>
-#include <vector>
+#include <optional>
+#include <string>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "../core/scratch.hpp"
+#include "../core/validate.hpp"
 #include "attention_plan.hpp"
 #include "fused_attention.hpp"
 #include "state.hpp"
@@ -27,12 +29,11 @@ namespace mha {
 namespace {
 
 using detail::AttentionPlan;
-using detail::Scratch;
 
 // One (batch, query block) task's heads: the scores of the block, softmax, context. With averaged
 // weights the heads of a block run in one task so the sum over heads has a fixed order.
 void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::size_t i0, std::size_t rows,
-                  Matrix scores) {
+                  Matrix scores, const simd::GemmScratch& gemm_scratch) {
     const std::size_t d = p.head_dim;
     // Causal: keys past the block's last query are masked for every row of the block; skip them.
     const std::size_t keys = p.causal ? std::min(p.Lk, i0 + rows) : p.Lk;
@@ -40,7 +41,7 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
     const Matrix s = Matrix(scores.data, rows, cols, scores.stride);
     const ConstMatrix q = p.Q[b].columns(h * d, d).row_block(i0, rows);
     const ConstMatrix k = p.K[b].columns(h * d, d).row_block(0, keys);
-    simd::gemm(p.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys));
+    simd::gemm(p.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys), gemm_scratch);
     for (std::size_t r = 0; r < rows; ++r) {
         const std::size_t i = i0 + r;
         const std::size_t valid = p.causal ? std::min(p.Lk, i + 1) : p.Lk;
@@ -48,17 +49,45 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
     }
     const ConstMatrix v = p.V[b].columns(h * d, d).row_block(0, keys);
     simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f,
-               p.C[b].columns(h * d, d).row_block(i0, rows));
+               p.C[b].columns(h * d, d).row_block(i0, rows), gemm_scratch);
 }
 
 }  // namespace
 
+std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
+    return detail::scratch_layout(st.E, st.H, in.query.batch, in.query.rows, in.key.rows, detail::is_self_attention(in),
+                                  detail::use_fused(in, opt), opt.need_weights, detail::arena_threads(opt))
+               .bytes() +
+           detail::kScratchAlign;  // room to align a caller's workspace
+}
+
 void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt) {
-    // need_weights must return the probabilities, so it always takes the materialized path.
-    const bool fused = opt.need_weights == NeedWeights::none &&
-                       (opt.impl == Impl::fused || (opt.impl == Impl::automatic && in.key.rows >= detail::kFusedMinKeys));
-    AttentionPlan p(st, in, out, opt, fused);
+                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace) {
+    const bool fused = detail::use_fused(in, opt);
+    const std::size_t threads = detail::arena_threads(opt);
+    const detail::ScratchLayout layout = detail::scratch_layout(st.E, st.H, in.query.batch, in.query.rows, in.key.rows,
+                                                                detail::is_self_attention(in), fused, opt.need_weights, threads);
+    // All memory is claimed here, before anything is computed: a failure leaves the outputs untouched.
+    std::optional<detail::ScratchLease> lease;
+    float* scratch = nullptr;
+    if (workspace != nullptr) {
+        const std::size_t need = layout.bytes() + detail::kScratchAlign;
+        if (workspace->bytes() < need)
+            detail::fail("workspace has " + std::to_string(workspace->bytes()) + " bytes but this call needs " +
+                         std::to_string(need) + " (MultiheadAttention::workspace_bytes)");
+        if (!workspace->try_acquire()) detail::fail("workspace is in use by another forward call");
+        scratch = static_cast<float*>(detail::align_up(workspace->data()));
+    } else {
+        lease.emplace(layout.bytes());
+        scratch = static_cast<float*>(lease->data());
+    }
+    struct Release {
+        Workspace* w;
+        ~Release() {
+            if (w) w->release();
+        }
+    } release{workspace};
+    AttentionPlan p(st, in, out, opt, fused, layout, scratch);
     const std::size_t B = p.B, H = p.H, Lq = p.Lq, Lk = p.Lk;
 
     auto run = [&] {
@@ -71,12 +100,12 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
             tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * nqb), [&](const tbb::blocked_range<std::size_t>& r) {
                 for (std::size_t t = r.begin(); t != r.end(); ++t) {
                     const std::size_t b = t / nqb, i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
-                    float* buf = Scratch::get(rows * Lk, Scratch::scores);
-                    const Matrix s(buf, rows, Lk);
+                    const AttentionPlan::ThreadScratch scratch = p.thread_scratch();
+                    const Matrix s(scratch.scores, rows, Lk);
                     const Matrix w(out.attn_weights + (b * Lq + i0) * Lk, rows, Lk);
                     const float inv_h = 1.0f / static_cast<float>(H);
                     for (std::size_t h = 0; h < H; ++h) {
-                        attend_block(p, b, h, i0, rows, s);
+                        attend_block(p, b, h, i0, rows, s, scratch.gemm);
                         for (std::size_t i = 0; i < rows; ++i)
                             for (std::size_t j = 0; j < Lk; ++j) w(i, j) = (h == 0 ? 0.0f : w(i, j)) + s(i, j) * inv_h;
                     }
@@ -89,10 +118,12 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
                     const std::size_t i0 = (t % nqb) * qb, rows = std::min(qb, Lq - i0);
                     if (fused) {
                         detail::fused_attend_block(p, b, h, i0, rows);
-                    } else if (p.need_weights == NeedWeights::per_head) {
-                        attend_block(p, b, h, i0, rows, Matrix(out.attn_weights + (bh * Lq + i0) * Lk, rows, Lk));
                     } else {
-                        attend_block(p, b, h, i0, rows, Matrix(Scratch::get(rows * Lk, Scratch::scores), rows, Lk));
+                        const AttentionPlan::ThreadScratch scratch = p.thread_scratch();
+                        const Matrix s = p.need_weights == NeedWeights::per_head
+                                             ? Matrix(out.attn_weights + (bh * Lq + i0) * Lk, rows, Lk)
+                                             : Matrix(scratch.scores, rows, Lk);
+                        attend_block(p, b, h, i0, rows, s, scratch.gemm);
                     }
                 }
             });
@@ -101,13 +132,11 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
         p.project_output(st, in, out);
     };
 
-    // More threads than TBB can run is clamped (TBB would only warn and ignore the rest).
-    const int threads = std::min(opt.threads, tbb::this_task_arena::max_concurrency());
-    // isolate: while this thread waits for its tasks it must not pick up another forward's tasks, which
-    // would reuse its per-thread buffers (a caller running forward inside its own TBB loop).
+    // isolate: while this thread waits for its tasks it runs only this call's tasks, not another
+    // forward's (a caller running forward inside its own TBB loop), which would delay this one.
     auto isolated = [&] { tbb::this_task_arena::isolate(run); };
-    if (opt.threads > 0 && threads != tbb::this_task_arena::max_concurrency()) {
-        tbb::task_arena arena(threads);
+    if (threads != static_cast<std::size_t>(tbb::this_task_arena::max_concurrency())) {
+        tbb::task_arena arena(static_cast<int>(threads));
         arena.execute(isolated);
     } else {
         isolated();

@@ -8,6 +8,7 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <utility>
 
@@ -79,27 +80,42 @@ struct Gemm {
             }
     }
 
+    // op(B) = B stored row-major, one k-block and one N block, few rows of A (attention's P·V_h): B's
+    // rows are read in place, since a packed copy would be reused by too few A micro-panels to pay
+    // for the pass (M = 32: 100 vs 90 GFLOP/s in place; M = 1024: 108 vs 110 packed). Only a partial
+    // last panel is packed, for its zero padding.
+    static bool b_in_place(std::size_t m, std::size_t n, std::size_t nkb, Trans tb) {
+        return tb == Trans::no && nkb == 1 && n <= Blk::NC && m <= 32 * MR;
+    }
+
+    // The pack buffers run() asks for, at most, for any m' <= m, n' <= n, k' <= k (the longest balanced
+    // k-block is at most min(k, KC); the in-place case only shrinks as the sizes do).
+    static GemmScratchSize scratch_bound(std::size_t m, std::size_t n, std::size_t k, Trans ta, Trans tb) {
+        if (m == 0 || n == 0 || k == 0) return {};
+        const std::size_t kc = std::min(k, Blk::KC);
+        const bool in_place = b_in_place(m, n, kblock_count(k, Blk::KC), tb);
+        return {ta == Trans::yes ? kc * MR : 0, in_place ? kc * NR : kc * ((std::min(Blk::NC, n) + NR - 1) / NR * NR)};
+    }
+
     // The driver. b_packed or b_panels != nullptr: B comes prepacked (b, tb unused); otherwise op(B) from b, tb.
-    static void run(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, const PackedMatrix::Impl* b_packed,
-                    const PanelMatrix* b_panels, float beta, const float* bias, Matrix c) noexcept {
+    // Pack buffers come from scratch (sized by scratch_bound).
+    static void run(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, const PackedMatrix::View* b_packed,
+                    const PanelMatrix* b_panels, float beta, const float* bias, Matrix c,
+                    const GemmScratch& scratch) noexcept {
         const std::size_t M = c.rows, N = c.cols, K = ta == Trans::no ? a.cols : a.rows;
         if (M == 0 || N == 0) return;
         if (K == 0) return scale_only(beta, bias, c);
 
         const std::size_t KC = b_packed != nullptr ? b_packed->kc : Blk::KC;
-        const std::size_t nkb = kblock_count(K, KC), kc_max = (K + nkb - 1) / nkb;  // the longest balanced k-block
-        const std::size_t nc_max = std::min(Blk::NC, N);
-        // op(B) = B stored row-major, one k-block and one N block, few rows of A (attention's P·V_h): B's
-        // rows are read in place, since a packed copy would be reused by too few A micro-panels to pay
-        // for the pass (M = 32: 100 vs 90 GFLOP/s in place; M = 1024: 108 vs 110 packed). Only a partial
-        // last panel is packed, for its zero padding.
+        [[maybe_unused]] const std::size_t nkb = kblock_count(K, KC), kc_max = (K + nkb - 1) / nkb;  // the longest k-block
+        [[maybe_unused]] const std::size_t nc_max = std::min(Blk::NC, N);
         const bool prepacked = b_packed != nullptr || b_panels != nullptr;
-        const bool b_in_place = !prepacked && tb == Trans::no && nkb == 1 && N <= Blk::NC && M <= 32 * MR;
+        const bool in_place = !prepacked && b_in_place(M, N, nkb, tb);
         const bool pack_a = ta == Trans::yes;  // in place, op(A) = Aᵀ would touch one cache line per k
-        float* b_buf = prepacked ? nullptr
-                                           : gemm_scratch(GemmBuffer::b, b_in_place ? kc_max * NR
-                                                                                    : kc_max * (nc_max + NR - 1) / NR * NR);
-        float* a_buf = pack_a ? gemm_scratch(GemmBuffer::a, kc_max * MR) : nullptr;
+        float* b_buf = prepacked ? nullptr : scratch.b;
+        float* a_buf = pack_a ? scratch.a : nullptr;
+        assert(prepacked || scratch.b_floats >= (in_place ? kc_max * NR : kc_max * ((nc_max + NR - 1) / NR * NR)));
+        assert(!pack_a || scratch.a_floats >= kc_max * MR);
         const std::size_t np = panel_count(M);
 
         for (std::size_t jc = 0; jc < N; jc += Blk::NC) {
@@ -111,10 +127,10 @@ struct Gemm {
 
                 BPanels bp{};
                 if (b_packed != nullptr) {
-                    bp = {b_packed->data.data() + pc * b_packed->n_padded + jc * kc, kc * NR, NR, nullptr};
+                    bp = {b_packed->data + pc * b_packed->pitch + (b_packed->panel0 * NR + jc) * kc, kc * NR, NR, nullptr};
                 } else if (b_panels != nullptr) {  // panels span all of K: a k-block starts pc rows in
                     bp = {b_panels->data + jc / NR * b_panels->panel_stride + pc * NR, b_panels->panel_stride, NR, nullptr};
-                } else if (b_in_place) {
+                } else if (in_place) {
                     const float* b0 = b.data + pc * b.stride + jc;
                     const std::size_t full = nc / NR * NR;
                     if (full < nc) pack_b_panel<Arch, NR>(nc - full, kc, b0 + full, b.stride, false, b_buf);
@@ -152,20 +168,15 @@ struct Gemm {
         }
     }
 
-    static void pack(ConstMatrix b, Trans tb, PackedMatrix::Impl& out) {
+    // op(B) [K, N] into the panels of dst (zero-filled storage, dst.k == K, dst.n == N, dst.kc == KC).
+    static void pack(ConstMatrix b, Trans tb, float* data, const PackedMatrix::View& dst) noexcept {
         const bool tr = tb == Trans::yes;
-        out.k = tr ? b.cols : b.rows;
-        out.n = tr ? b.rows : b.cols;
-        out.kc = Blk::KC;
-        out.nr = NR;
-        out.n_padded = (out.n + NR - 1) / NR * NR;
-        out.data.assign(out.k * out.n_padded, 0.0f);
-        const std::size_t nkb = kblock_count(out.k, out.kc);
+        const std::size_t nkb = kblock_count(dst.k, dst.kc);
         for (std::size_t kb = 0; kb < nkb; ++kb) {
-            // Each k-block is a set of panels of kc rows (panel stride kc·NR) starting at pc·n_padded.
-            const std::size_t pc = kblock_start(kb, out.k, nkb), kc = kblock_start(kb + 1, out.k, nkb) - pc;
+            // Each k-block is a set of panels of kc rows (panel stride kc·NR) starting at pc·pitch.
+            const std::size_t pc = kblock_start(kb, dst.k, nkb), kc = kblock_start(kb + 1, dst.k, nkb) - pc;
             const ConstMatrix rows = tr ? b.columns(pc, kc) : b.row_block(pc, kc);
-            pack_panels(rows, tb, out.data.data() + pc * out.n_padded, kc * NR);
+            pack_panels(rows, tb, data + pc * dst.pitch + dst.panel0 * kc * NR, kc * NR);
         }
     }
 };
@@ -173,21 +184,21 @@ struct Gemm {
 }  // namespace gemm_detail
 
 template <class Arch>
-void GemmKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta,
-                            Matrix c) const noexcept {
-    gemm_detail::Gemm<Arch>::run(alpha, a, ta, b, tb, nullptr, nullptr, beta, nullptr, c);
+void GemmKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
+                            const GemmScratch& scratch) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, b, tb, nullptr, nullptr, beta, nullptr, c, scratch);
 }
 
 template <class Arch>
-void GemmPackedKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PackedMatrix::Impl& b,
-                                  float beta, const float* bias, Matrix c) const noexcept {
-    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, &b, nullptr, beta, bias, c);
+void GemmPackedKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PackedMatrix::View& b, float beta,
+                                  const float* bias, Matrix c, const GemmScratch& scratch) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, &b, nullptr, beta, bias, c, scratch);
 }
 
 template <class Arch>
-void GemmPanelsKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta,
-                                  Matrix c) const noexcept {
-    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, nullptr, &b, beta, nullptr, c);
+void GemmPanelsKernel::operator()(Arch, float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c,
+                                  const GemmScratch& scratch) const noexcept {
+    gemm_detail::Gemm<Arch>::run(alpha, a, ta, ConstMatrix{}, Trans::no, nullptr, &b, beta, nullptr, c, scratch);
 }
 
 template <class Arch>
@@ -201,8 +212,19 @@ std::size_t PanelWidthKernel::operator()(Arch) const noexcept {
 }
 
 template <class Arch>
-void PackBKernel::operator()(Arch, ConstMatrix b, Trans tb, PackedMatrix::Impl& packed) const {
-    gemm_detail::Gemm<Arch>::pack(b, tb, packed);
+std::size_t PackedKcKernel::operator()(Arch) const noexcept {
+    return GemmBlocking<Arch>::KC;
+}
+
+template <class Arch>
+void PackBKernel::operator()(Arch, ConstMatrix b, Trans tb, float* data, const PackedMatrix::View& dst) const noexcept {
+    gemm_detail::Gemm<Arch>::pack(b, tb, data, dst);
+}
+
+template <class Arch>
+GemmScratchSize GemmScratchBoundKernel::operator()(Arch, std::size_t m, std::size_t n, std::size_t k, Trans ta,
+                                                   Trans tb) const noexcept {
+    return gemm_detail::Gemm<Arch>::scratch_bound(m, n, k, ta, tb);
 }
 
 }  // namespace mha::simd

@@ -11,8 +11,27 @@
 
 namespace mha::simd {
 
-// C = alpha·op(A)·op(B) + beta·C; beta == 0 does not read C.
-void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c) noexcept;
+// Pack buffers one GEMM call may use (only when op(B) is not prepacked, or op(A) = Aᵀ): a caller-owned
+// region, so the kernels never allocate. gemm_scratch_bound says how many floats a call needs.
+struct GemmScratch {
+    float* a = nullptr;  // 64-byte aligned
+    std::size_t a_floats = 0;
+    float* b = nullptr;  // 64-byte aligned
+    std::size_t b_floats = 0;
+};
+struct GemmScratchSize {
+    std::size_t a_floats = 0, b_floats = 0;
+};
+// Floats of each pack buffer that any gemm call on isa needs with op(A) [m', k'], op(B) [k', n'] for
+// m' <= m, n' <= n, k' <= k and the given transposes (gemm_packed and gemm_panels with ta == no need none).
+GemmScratchSize gemm_scratch_bound(Isa isa, std::size_t m, std::size_t n, std::size_t k, Trans ta, Trans tb) noexcept;
+
+// C = alpha·op(A)·op(B) + beta·C; beta == 0 does not read C. Pack buffers from `scratch`, which must
+// hold gemm_scratch_bound(active_isa(), M, N, K, ta, tb).
+void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
+          const GemmScratch& scratch) noexcept;
+// The same with pack buffers leased from the scratch pool for this call (may throw std::bad_alloc).
+void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c);
 
 // Same contract as reference::softmax_row.
 void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
@@ -31,27 +50,53 @@ void layernorm_row(float* y, const float* x, const float* residual, std::size_t 
 
 // op(B) [K, N] packed once into the microkernel's panel layout (for constant weights), for the ISA
 // active when it was packed. Immutable after construction: share it across threads.
+// With `segments` > 1, the N columns are `segments` equal blocks (N % segments == 0), each padded to whole
+// panels, so one block is a valid B operand on its own (nn.MultiheadAttention's in_proj [3E, E] holds
+// Wq, Wk, Wv: one packed copy serves the fused Q/K/V GEMM and the three separate ones).
 class PackedMatrix {
 public:
     PackedMatrix();
-    PackedMatrix(ConstMatrix b, Trans tb);  // allocates; the only allocation of the packed path
+    PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments = 1);  // allocates (may throw std::bad_alloc)
     ~PackedMatrix();
     PackedMatrix(PackedMatrix&&) noexcept;
     PackedMatrix& operator=(PackedMatrix&&) noexcept;
     std::size_t k() const noexcept;
     std::size_t n() const noexcept;
     Isa isa() const noexcept;
+    std::size_t bytes() const noexcept;  // the packed data, padding included
+    // Columns of segments [first, first + count) as a B operand. More than one segment only when they
+    // are contiguous (segments_contiguous(): the segment width is a multiple of the panel width).
+    // A block of whole panels: op(B) columns [panel0·nr, panel0·nr + n) of every k-block. k-block b
+    // starts at data + pc_b·pitch (pc_b its first row); panel p of it at + p·kcb·nr.
+    struct View {
+        const float* data = nullptr;
+        std::size_t k = 0, n = 0, kc = 0, nr = 0, pitch = 0, panel0 = 0;
+        Isa isa = Isa::sse2;
+    };
+    View segments(std::size_t first, std::size_t count) const noexcept;
+    View all() const noexcept;
+    std::size_t segment_count() const noexcept;
+    bool segments_contiguous() const noexcept;
+    // Writes op(B) back as a row-major matrix: dst [K, N] (tb == no) or its transpose [N, K] (tb == yes).
+    // The values are the packed ones, exactly.
+    void unpack(Matrix dst, Trans tb) const noexcept;
     struct Impl;
-    const Impl& impl() const noexcept { return *impl_; }
 
 private:
+    View segments_view(std::size_t first, std::size_t count) const noexcept;
     std::unique_ptr<Impl> impl_;
 };
 
 // C = alpha·op(A)·B + beta·C, then C[i, j] += bias[j] when bias != nullptr. B prepacked; op(A) is
-// [M, K] with K == b.k(), C is [M, b.n()]. Callers split M across threads (same B, disjoint rows of C).
-void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix& b, float beta, const float* bias,
-                 Matrix c) noexcept;
+// [M, K] with K == b.k, C is [M, b.n]. Callers split M across threads (same B, disjoint rows of C).
+// ta == no needs no scratch and never allocates; ta == yes leases the A pack buffer when `scratch` lacks it
+// (gemm_scratch_bound), and may then throw std::bad_alloc.
+void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix::View& b, float beta, const float* bias,
+                 Matrix c, const GemmScratch& scratch = {});
+inline void gemm_packed(float alpha, ConstMatrix a, Trans ta, const PackedMatrix& b, float beta, const float* bias,
+                        Matrix c, const GemmScratch& scratch = {}) {
+    gemm_packed(alpha, a, ta, b.all(), beta, bias, c, scratch);
+}
 
 // A B operand the caller packed once into the microkernel's panel layout for one ISA (the fused attention
 // path packs each head's Kᵀ and V once per forward and then multiplies tiles of them in place).
@@ -86,7 +131,8 @@ struct PanelMatrix {
 void pack_panels(Isa isa, ConstMatrix b, Trans tb, float* dst, std::size_t panel_stride) noexcept;
 
 // C = alpha·op(A)·B + beta·C with B in panels (c.cols == b.n, op(A) [c.rows, b.k]); same summation order
-// per element as gemm, so results do not depend on how the caller splits M.
-void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c) noexcept;
+// per element as gemm, so results do not depend on how the caller splits M. Scratch as for gemm_packed.
+void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c,
+                 const GemmScratch& scratch = {});
 
 }  // namespace mha::simd
