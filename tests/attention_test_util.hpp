@@ -26,6 +26,8 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
+
 namespace mha_test {
 
 constexpr double kU = 0x1p-24;  // float unit roundoff
@@ -278,20 +280,19 @@ inline Result run(const Problem& p, mha::Backend backend, mha::NeedWeights need_
     return run(m, p, backend, need_weights);
 }
 
-// Every |got − expected| within its tolerance; reports the first failure.
+// Every |got − expected| within its tolerance; reports the first failure. NaN or ±inf on either side
+// (or in a tolerance) and a size mismatch fail (compare_util.hpp's rule).
 inline void expect_within(const std::vector<float>& got, const std::vector<double>& expected,
                           const std::vector<double>& tol, const char* what) {
-    ASSERT_EQ(got.size(), expected.size()) << what;
-    for (std::size_t i = 0; i < got.size(); ++i)
-        ASSERT_LE(std::abs(double(got[i]) - expected[i]), tol[i])
-            << what << "[" << i << "]: got " << got[i] << " expected " << expected[i];
+    ASSERT_TRUE(all_within(got, expected, tol)) << what;
 }
 
 // The largest tolerance relative to the largest expected magnitude: a check that the bound stays
-// meaningful (a bound as large as the values themselves would let anything pass).
+// meaningful (a bound as large as the values themselves would let anything pass). NaN if anything is
+// not finite, so that ASSERT_LT(relative_tolerance(..), limit) fails then.
 inline double relative_tolerance(const std::vector<double>& expected, const std::vector<double>& tol) {
-    double e = 0.0, t = 0.0;
-    for (std::size_t i = 0; i < expected.size(); ++i) e = std::max(e, std::abs(expected[i])), t = std::max(t, tol[i]);
+    const double e = max_abs(expected), t = max_abs(tol);
+    if (expected.size() != tol.size() || std::isnan(e) || std::isnan(t)) return NAN;
     return e > 0.0 ? t / e : t;
 }
 

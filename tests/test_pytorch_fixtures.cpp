@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mha/mha.hpp>
+#include "compare_util.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -111,16 +112,10 @@ std::string sci(double v) {
     return s.str();
 }
 
-// max|got − expected| / max|expected|; infinity if anything is NaN or inf (std::max would drop a NaN).
-double max_relative_error(const std::vector<float>& got, const std::vector<float>& expected) {
-    double err = 0.0, scale = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        err = std::max(err, std::abs(double(got[i]) - double(expected[i])));
-        scale = std::max(scale, std::abs(double(expected[i])));
-    }
-    return err / scale;
-}
+// max|got − expected| / max|expected|: tests/compare_util.hpp. NaN (failing EXPECT_LE) on a size
+// mismatch or if anything on either side is NaN or inf; this file's own version checked only `got`
+// and read past a shorter `expected`.
+using mha_test::max_relative_error;
 
 struct FixtureParam {
     std::string name;

@@ -1,16 +1,28 @@
 // The SIMD attention backend against the scalar reference over many shapes, every mask kind,
-// causal, need_weights and the post-norm block; bitwise identity across thread counts; concurrent
-// calls on one object.
+// causal, need_weights and the post-norm block (attention weights of both backends against the double
+// oracle of attention_test_util.hpp, per element); bitwise identity across thread counts, each run in a
+// TBB arena that really has that many threads; concurrent calls on one object.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <chrono>
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
+
 #include <mha/mha.hpp>
+
+#include "attention_test_util.hpp"
+#include "compare_util.hpp"
 
 namespace {
 
@@ -110,20 +122,77 @@ struct Problem {
     }
 };
 
-// Both backends compute in float with different summation orders. Each output passes through two
-// projections (length-E dot products) and one P·V sum (length Lk, weights summing to 1): the float
-// error is bounded by about (2E + Lk)·eps times the magnitudes involved (inputs, weights ≤ 1, so
-// values stay O(1)); c = 4 covers the softmax's exp error and the layernorm rescale.
+// The output of both backends, compared with each other. Both compute in float with different
+// summation orders. Each output passes through two projections (length-E dot products) and one P·V sum
+// (length Lk, weights summing to 1): the float error is bounded by about (2E + Lk)·eps times the
+// magnitudes involved (inputs, weights ≤ 1, so values stay O(1)); c = 4 covers the softmax's exp error
+// and the layernorm rescale (times 8 more under the post-norm, whose 1/σ amplifies the error).
+// Only the output part (the first B·Lq·E values) is compared here; see expect_weights.
 void expect_close(const Case& c, const std::vector<float>& got, const std::vector<float>& want) {
     ASSERT_EQ(got.size(), want.size());
-    float max_ref = 1.0f;
-    for (float x : want) max_ref = std::max(max_ref, std::abs(x));
-    const float tol = 4.0f * static_cast<float>(2 * c.E + c.Lk) * std::numeric_limits<float>::epsilon() * max_ref *
-                      (c.norm ? 8.0f : 1.0f);
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        ASSERT_FALSE(std::isnan(got[i])) << "at " << i;
-        ASSERT_NEAR(got[i], want[i], tol) << "at " << i << " of " << got.size();
-    }
+    const std::size_t n = c.B * c.Lq * c.E;
+    ASSERT_GE(got.size(), n);
+    const std::vector<float> g(got.begin(), got.begin() + std::ptrdiff_t(n)), w(want.begin(), want.begin() + std::ptrdiff_t(n));
+    const double max_ref = mha_test::max_abs(w);  // NaN if the scalar output is not finite
+    ASSERT_TRUE(std::isfinite(max_ref)) << "the scalar reference output is not finite";
+    const double tol = 4.0 * double(2 * c.E + c.Lk) * std::numeric_limits<float>::epsilon() * std::max(1.0, max_ref) *
+                       (c.norm ? 8.0 : 1.0);
+    ASSERT_TRUE(mha_test::all_within(g, w, tol)) << "output of " << n;
+}
+
+// The problem as tests/attention_test_util.hpp's double oracle takes it. Masks are read through the
+// views in p.in, so a test that replaces a mask after construction is converted as it runs.
+mha_test::Mask oracle_mask(const mha::MaskView& v) {
+    mha_test::Mask m;
+    m.type = v.type;
+    m.rank = v.rank;
+    if (!v.present()) return m;
+    std::size_t n = 1;
+    for (int i = 0; i < v.rank; ++i) m.shape[std::size_t(i)] = v.shape[i], n *= v.shape[i];
+    if (v.type == mha::MaskType::boolean) m.bools.assign(v.bools, v.bools + n);
+    else m.values.assign(v.values, v.values + n);
+    return m;
+}
+
+mha_test::Problem oracle_problem(const Problem& p) {
+    mha_test::Problem o;
+    o.E = p.c.E, o.H = p.c.H, o.B = p.c.B, o.Lq = p.c.Lq, o.Lk = p.c.cross ? p.c.Lk : p.c.Lq;
+    o.in_w = p.w_in, o.in_b = p.b_in, o.out_w = p.w_out, o.out_b = p.b_out;
+    o.query = p.q, o.key = p.k, o.value = p.v;  // k, v empty for self-attention: = query
+    o.key_padding_mask = oracle_mask(p.in.key_padding_mask);
+    o.attn_mask = oracle_mask(p.in.attn_mask);
+    o.causal = p.c.causal;
+    return o;  // the post-norm does not touch the weights
+}
+
+// The attention weights (the values after the output part) of both backends, each against the double
+// oracle with a per-element bound on probabilities alone (attention_test_util.hpp derives it):
+//   a float score ẑ_k = z_k + δ_k with |δ_k| ≤ Δ (projection error γ_{E+1}·Σ|x||w| carried through the
+//   d-long dot, plus (d + 3)·u·Σ|q||k|/√d for the dot itself and the scale, plus the mask additions)
+//   changes p_j = e^{z_j}/Σ_k e^{z_k} by the factor e^{δ_j}/Σ_k p_k e^{δ_k} ∈ [e^{-2Δ}, e^{2Δ}], so
+//   |Δp_j| ≤ p_j·2Δ to first order; evaluating the softmax in float adds one rounding of z − max
+//   amplified by exp, the exp itself, Lk − 1 additions in the sum and the division: (Lk + 4)·u·p_j.
+//   So |Δp_j| ≤ p_j·(2Δ + (Lk + 4)·u), relative to p_j and independent of the output's magnitude or
+//   the post-norm; averaged weights add (H + 1)·u·avg for the float sum over heads and the 1/H.
+// The tolerance is c = 2 times that bound. Masked keys have p = 0 and tolerance 0 (exact zeros).
+// The old check used the output's bound (times 8 under the post-norm), about 5 % of a probability.
+void expect_weights(const Problem& p, const std::vector<float>& simd, const std::vector<float>& scalar) {
+    const std::size_t n_out = p.c.B * p.c.Lq * p.c.E;
+    ASSERT_EQ(simd.size(), n_out + p.weights_size());
+    ASSERT_EQ(scalar.size(), simd.size());
+    const mha_test::Expected ex = mha_test::attention_double(oracle_problem(p));
+    const bool averaged = p.c.need == mha::NeedWeights::averaged;
+    const std::vector<double>& want = averaged ? ex.averaged : ex.probs;
+    const std::vector<double>& tol = averaged ? ex.averaged_tol : ex.probs_tol;
+    // The bound must be tighter than a 1e-3 relative error on every nonzero probability.
+    double worst = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+        if (want[i] > 0.0) worst = std::max(worst, tol[i] / want[i]);
+    ASSERT_LT(worst, 1e-3) << "probability bound too loose to catch a 1e-3 relative error";
+    const std::vector<float> simd_w(simd.begin() + std::ptrdiff_t(n_out), simd.end());
+    const std::vector<float> scalar_w(scalar.begin() + std::ptrdiff_t(n_out), scalar.end());
+    EXPECT_TRUE(mha_test::all_within(simd_w, want, tol)) << "SIMD attention weights";
+    EXPECT_TRUE(mha_test::all_within(scalar_w, want, tol)) << "scalar attention weights";
 }
 
 void check(const Case& c) {
@@ -131,7 +200,22 @@ void check(const Case& c) {
                                       << " cross=" << c.cross << " causal=" << c.causal << " am=" << c.am_rank);
     Problem p(c);
     auto m = p.make();
-    expect_close(c, p.run(m, mha::Backend::simd), p.run(m, mha::Backend::scalar));
+    const auto simd = p.run(m, mha::Backend::simd), scalar = p.run(m, mha::Backend::scalar);
+    expect_close(c, simd, scalar);
+    if (c.need != mha::NeedWeights::none) expect_weights(p, simd, scalar);
+}
+
+// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the cap afterwards: the fused path packs
+// K and V into the ISA's GEMM panels (32, 16 or 8 columns wide), so each ISA has its own layout.
+template <class F>
+void for_each_isa(F f) {
+    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
+        if (isa > mha::detected_isa()) continue;
+        mha::set_isa_cap(isa);
+        SCOPED_TRACE(mha::isa_name(isa));
+        f();
+    }
+    mha::set_isa_cap(mha::Isa::avx512);
 }
 
 TEST(SimdAttention, ShapesAndHeadDims) {
@@ -169,17 +253,20 @@ TEST(SimdAttention, EveryMaskKind) {
             }
 }
 
+// Weights on every ISA: the materialized path's softmax and GEMMs differ per ISA.
 TEST(SimdAttention, NeedWeightsAndPostNorm) {
-    for (auto need : {mha::NeedWeights::averaged, mha::NeedWeights::per_head})
-        for (bool causal : {false, true})
-            for (bool norm : {false, true}) {
-                Case c{2, 70, 70, 64, 4};
-                c.need = need;
-                c.causal = causal;
-                c.norm = norm;
-                c.kp_bool = true;
-                check(c);
-            }
+    for_each_isa([] {
+        for (auto need : {mha::NeedWeights::averaged, mha::NeedWeights::per_head})
+            for (bool causal : {false, true})
+                for (bool norm : {false, true}) {
+                    Case c{2, 70, 70, 64, 4};
+                    c.need = need;
+                    c.causal = causal;
+                    c.norm = norm;
+                    c.kp_bool = true;
+                    check(c);
+                }
+    });
 }
 
 TEST(SimdAttention, FullyMaskedRowGivesBias) {
@@ -193,16 +280,78 @@ TEST(SimdAttention, FullyMaskedRowGivesBias) {
         for (std::size_t j = 0; j < 16; ++j) EXPECT_EQ(out[i * 16 + j], p.b_out[j]);
 }
 
+// Records the distinct threads that enter one arena: the caller of execute and each worker that joins.
+class ThreadRecorder : public tbb::task_scheduler_observer {
+public:
+    explicit ThreadRecorder(tbb::task_arena& arena) : tbb::task_scheduler_observer(arena) { observe(true); }
+    ~ThreadRecorder() override { observe(false); }
+    void on_scheduler_entry(bool) override {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        ids_.insert(std::this_thread::get_id());
+    }
+    std::size_t count() {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        return ids_.size();
+    }
+
+private:
+    std::mutex mutex_;
+    std::set<std::thread::id> ids_;
+};
+
+// The SIMD output (and weights) computed by 2, 3 and 8 real threads is bitwise equal to one thread's.
+// ForwardOptions::threads alone is clamped to what TBB may run (the core count: asking for 8 on a
+// 2-core machine ran 2), so each count runs in an arena that really has n threads: a global_control
+// lifts TBB's limit to 8 and forward is called with threads = 0 (= the calling arena) inside
+// arena.execute. A ThreadRecorder counts the distinct threads that entered the arena; only these
+// forward calls run there. Workers join lazily (and slowly on a loaded 2-core machine), so the call is
+// repeated, each result compared, until all n threads have taken part, or at least kMinAttempts calls
+// and kPatience have passed; for n ≥ 3 more than 2 threads must have taken part (n = 2 may end with
+// 1 on a loaded machine; its results are compared all the same).
+// One global_control and one arena per count for all attempts: destroying and recreating them per
+// call left the workers asleep after a few rounds (oneTBB 2021.8), and no worker joined.
+void expect_bitwise_identical_across_threads(const Problem& p, const mha::MultiheadAttention& m) {
+    constexpr int kMinAttempts = 10;
+    constexpr auto kPatience = std::chrono::seconds(2);
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 8);
+    std::vector<float> one;
+    for (int n : {1, 2, 3, 8}) {
+        tbb::task_arena arena(n);
+        arena.initialize();
+        ThreadRecorder recorder(arena);
+        const auto start = std::chrono::steady_clock::now();
+        for (int attempt = 0; recorder.count() < std::size_t(n); ++attempt) {
+            if (attempt >= kMinAttempts && std::chrono::steady_clock::now() - start > kPatience) break;
+            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let sleeping workers wake
+            std::vector<float> got;
+            arena.execute([&] { got = p.run(m, mha::Backend::simd, 0); });
+            if (n == 1) {
+                one = got;
+                continue;
+            }
+            ASSERT_TRUE(got == one) << n << " threads (" << recorder.count() << " so far), attempt " << attempt;
+        }
+        if (n == 1) {
+            ASSERT_EQ(recorder.count(), 1u) << "the recorder should see the calling thread alone";
+        } else if (n >= 3) {
+            EXPECT_GT(recorder.count(), 2u) << "an arena of " << n << " threads ran on " << recorder.count();
+        }
+        ::testing::Test::RecordProperty("threads_" + std::to_string(n), int(recorder.count()));
+    }
+}
+
 TEST(SimdAttention, BitwiseIdenticalAcrossThreadCounts) {
     for (auto need : {mha::NeedWeights::none, mha::NeedWeights::averaged}) {
-        Case c{3, 130, 130, 64, 8};
+        SCOPED_TRACE(need == mha::NeedWeights::none ? "no weights" : "averaged weights");
+        // 4 batches × 8 query blocks of 64 rows (× 8 heads without weights): 32 or 256 attention tasks,
+        // a few ms per call, long enough for workers to wake up and join.
+        Case c{4, 512, 512, 64, 8};
         c.need = need;
         c.kp_bool = true;
         c.causal = true;
         Problem p(c);
         auto m = p.make();
-        const auto one = p.run(m, mha::Backend::simd, 1);
-        for (int t : {2, 3, 8}) EXPECT_EQ(one, p.run(m, mha::Backend::simd, t)) << t << " threads";
+        expect_bitwise_identical_across_threads(p, m);
     }
 }
 
@@ -239,19 +388,6 @@ TEST(SimdAttention, StridedInputsMatchContiguous) {
 }  // namespace
 
 namespace {
-
-// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the cap afterwards: the fused path packs
-// K and V into the ISA's GEMM panels (32, 16 or 8 columns wide), so each ISA has its own layout.
-template <class F>
-void for_each_isa(F f) {
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
-        if (isa > mha::detected_isa()) continue;
-        mha::set_isa_cap(isa);
-        SCOPED_TRACE(mha::isa_name(isa));
-        f();
-    }
-    mha::set_isa_cap(mha::Isa::avx512);
-}
 
 // The fused path (online softmax over key tiles of 256) against the reference on every ISA: lengths
 // around the tile, every mask kind, causal, cross-attention.
@@ -314,22 +450,22 @@ TEST(FusedAttention, FullyPaddedTilesAndRows) {
 }
 
 TEST(FusedAttention, NeedWeightsFallsBackToMaterialized) {
-    Case c{1, 40, 40, 16, 2};
-    c.impl = mha::Impl::fused;
-    c.need = mha::NeedWeights::per_head;
-    check(c);
+    for_each_isa([] {
+        Case c{1, 40, 40, 16, 2};
+        c.impl = mha::Impl::fused;
+        c.need = mha::NeedWeights::per_head;
+        check(c);
+    });
 }
 
+// 8 heads × 5 query blocks of 128: 40 fused tasks per call.
 TEST(FusedAttention, BitwiseIdenticalAcrossThreadCounts) {
-    Case c{1, 600, 600, 64, 4};
+    Case c{1, 600, 600, 64, 8};
     c.impl = mha::Impl::fused;
     c.causal = true;
     Problem p(c);
     auto m = p.make();
-    for_each_isa([&] {
-        const auto one = p.run(m, mha::Backend::simd, 1);
-        for (int t : {2, 3, 8}) EXPECT_EQ(one, p.run(m, mha::Backend::simd, t)) << t << " threads";
-    });
+    for_each_isa([&] { expect_bitwise_identical_across_threads(p, m); });
 }
 
 }  // namespace

@@ -15,11 +15,19 @@ Every case is also checked here against a small NumPy float64 implementation of 
 semantics, so a fixture cannot silently encode a different meaning (e.g. a torch fast path).
 No fully masked rows (PyTorch gives NaN there).
 
+Large cases (E up to 1024, L up to 1100: the fused path, GEMM k-blocks past KC = 768, many query
+blocks) would be megabytes as .npy, so they are stored in tests/data/large_fixtures.json as a recipe
+plus a summary of PyTorch's float64 result: inputs and parameters come from a counter-based generator
+(`counter_uniform` below; tests/test_pytorch_large_fixtures.cpp implements the same one), and the
+expected output (and averaged weights) are kept as a checksum Σ o_i·r_i with r_i from the same
+generator, max|o|, and every 997th element in float64.
+
 usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
 """
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -210,6 +218,114 @@ def bool_mask(gen, shape, density, keep_col):
     return m
 
 
+# --- Large cases: a counter-based generator shared with tests/test_pytorch_large_fixtures.cpp ----------
+
+M64 = (1 << 64) - 1
+STREAM_MUL = 0xD1B54A32D192ED03
+SAMPLE_STRIDE = 997
+# Streams of a case with seed S: S*16 + k for k = 0 in_proj_weight, 1 in_proj_bias, 2 out_proj.weight,
+# 3 out_proj.bias, 4 query, 5 key, 6 value, 7 key_padding_mask, 8 output checksum, 9 weights checksum.
+STREAMS = {"in_proj_weight": 0, "in_proj_bias": 1, "out_proj.weight": 2, "out_proj.bias": 3, "query": 4,
+           "key": 5, "value": 6, "key_padding_mask": 7, "output_checksum": 8, "weights_checksum": 9}
+
+
+def splitmix64(x):
+    """splitmix64's output function on a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def counter_bits(stream, n):
+    """The top 24 bits of splitmix64(stream·0xD1B54A32D192ED03 + i), i = 0 .. n-1 (mod 2^64), as int64."""
+    base = np.uint64((stream * STREAM_MUL) & M64)
+    with np.errstate(over="ignore"):
+        x = base + np.arange(n, dtype=np.uint64)
+    return (splitmix64(x) >> np.uint64(40)).astype(np.int64)
+
+
+def counter_uniform(stream, n, amplitude_log2):
+    """a·(k − 2^23)/2^23 for the 24-bit k above, a = 2^amplitude_log2: uniform in [-a, a), exact in float32."""
+    return ((counter_bits(stream, n) - (1 << 23)) * 2.0 ** (amplitude_log2 - 23)).astype(np.float32)
+
+
+def summary(x, stream):
+    """What the JSON keeps of a float64 result: checksum with r_i = counter_uniform(stream, n, 0) in
+    float64, max|x|, and the elements at flat index 0, 997, 1994, ... to 12 significant digits (1e-12
+    relative, far below the tests' 1e-5)."""
+    flat = x.astype(np.float64).ravel()
+    r = counter_uniform(stream, flat.size, 0).astype(np.float64)
+    return {"count": int(flat.size), "checksum": float(np.dot(flat, r)), "max_abs": float(np.abs(flat).max()),
+            "stride": SAMPLE_STRIDE, "samples": [float("%.12g" % v) for v in flat[::SAMPLE_STRIDE]]}
+
+
+def large_case(name, seed, B, Lq, Lk, E, H, cross=False, causal=False, kpm_density=0.0, need="none",
+               weight_log2=-5):
+    S = seed * 16
+    u = lambda key, n, a: counter_uniform(S + STREAMS[key], n, a)
+    arrays = {"in_proj_weight": u("in_proj_weight", 3 * E * E, weight_log2).reshape(3 * E, E),
+              "in_proj_bias": u("in_proj_bias", 3 * E, weight_log2),
+              "out_proj.weight": u("out_proj.weight", E * E, weight_log2).reshape(E, E),
+              "out_proj.bias": u("out_proj.bias", E, weight_log2)}
+    q = u("query", B * Lq * E, 0).reshape(B, Lq, E)
+    k = u("key", B * Lk * E, 0).reshape(B, Lk, E) if cross else q
+    v = u("value", B * Lk * E, 0).reshape(B, Lk, E) if cross else q
+    kpm = None
+    if kpm_density > 0:  # True (masked) where the 24 bits fall below density·2^24; key 0 never masked
+        kpm = (counter_bits(S + STREAMS["key_padding_mask"], B * Lk) < int(kpm_density * (1 << 24))).reshape(B, Lk)
+        kpm[:, 0] = False
+    m = nn.MultiheadAttention(E, H, batch_first=True)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.from_numpy(arrays["in_proj_weight"]))
+        m.in_proj_bias.copy_(torch.from_numpy(arrays["in_proj_bias"]))
+        m.out_proj.weight.copy_(torch.from_numpy(arrays["out_proj.weight"]))
+        m.out_proj.bias.copy_(torch.from_numpy(arrays["out_proj.bias"]))
+    m.eval()
+    md = m.double()
+    mask = np.triu(np.ones((Lq, Lk), bool), 1) if causal else None
+    t = lambda a: None if a is None else torch.from_numpy(a if a.dtype == bool else a.astype(np.float64))
+    out, w = md(t(q), t(k), t(v), key_padding_mask=t(kpm), attn_mask=t(mask), need_weights=need != "none",
+                average_attn_weights=True)
+    out = out.detach().numpy()
+    assert np.isfinite(out).all(), name
+    check, check_w = numpy_mha(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                               *(arrays[n].astype(np.float64) for n in ("in_proj_weight", "in_proj_bias",
+                                                                        "out_proj.weight", "out_proj.bias")),
+                               H, kpm, None, causal, need, None)
+    assert np.allclose(out, check, rtol=0, atol=1e-12), name
+    case = {"name": name, "seed": seed, "B": B, "Lq": Lq, "Lk": Lk, "E": E, "H": H, "cross": cross,
+            "causal": causal, "key_padding_density": kpm_density, "weight_amplitude_log2": weight_log2,
+            "need_weights": need, "output": summary(out, S + STREAMS["output_checksum"])}
+    if need != "none":
+        w = w.detach().numpy()
+        assert np.allclose(w, check_w, rtol=0, atol=1e-12), name
+        case["attn_weights"] = summary(w, S + STREAMS["weights_checksum"])
+    return case
+
+
+def write_large_cases():
+    cases = [
+        # (a) self-attention with key padding: fused by default (Lk >= 1024), 9 query blocks of 128,
+        #     projections with K = 1024 > KC = 768; averaged weights through the materialized path.
+        large_case("large_self_key_padding", 1, B=1, Lq=1100, Lk=1100, E=1024, H=16, kpm_density=0.25,
+                   need="averaged"),
+        # (b) causal self-attention, same size.
+        large_case("large_causal", 2, B=1, Lq=1100, Lk=1100, E=1024, H=16, causal=True),
+        # (c) cross-attention Lq != Lk >= 1024, two batches, key padding, no weights.
+        large_case("large_cross", 3, B=2, Lq=300, Lk=1100, E=512, H=8, cross=True, kpm_density=0.2),
+    ]
+    doc = {"generator": "value i of stream s: k = splitmix64(s*0xD1B54A32D192ED03 + i mod 2^64) >> 40; "
+                        "x = 2^a * (k - 2^23) / 2^23 (float32, exact); masks: k < density * 2^24; "
+                        "stream of tensor t in a case with seed S: S*16 + index of t in 'streams'",
+           "streams": sorted(STREAMS, key=STREAMS.get), "cases": cases}
+    text = json.dumps(doc, indent=1)
+    text = re.sub(r"\[\s+([-0-9.eE+,\s]+?)\s+\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]", text)
+    with open(os.path.join(OUT, "large_fixtures.json"), "w") as f:
+        f.write(text + "\n")
+
+
 def main():
     if os.path.isdir(OUT):
         for entry in os.listdir(OUT):  # regenerate the case folders; keep README.md
@@ -234,6 +350,7 @@ def main():
              kpm=bool_mask(gen, (2, 6), 0.3, lambda r: 0))
     mha_case("need_weights_per_head", gen, B=2, Lq=4, Lk=7, E=20, H=5, cross=True, need="per_head")
     seed000_case("seed000_self_attention", gen, B=2, L=8, E=32, H=4)
+    write_large_cases()
     print("wrote", len([e for e in os.listdir(OUT) if os.path.isdir(os.path.join(OUT, e))]), "cases to", OUT)
 
 

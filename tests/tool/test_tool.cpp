@@ -28,6 +28,7 @@
 #include <mha/mha.hpp>
 #include <nlohmann/json.hpp>
 
+#include "../compare_util.hpp"
 #include "npy.hpp"
 
 extern char** environ;
@@ -136,18 +137,10 @@ std::set<std::string> listing(const fs::path& dir) {
     return names;
 }
 
-float max_abs(const std::vector<float>& v) {
-    float m = 0;
-    for (float x : v) m = std::max(m, std::fabs(x));
-    return m;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float m = 0;
-    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
-}
+// max_abs, max_abs_diff: tests/compare_util.hpp (NaN, ±inf or a size mismatch give NaN, which fails
+// every EXPECT_LE; an all-NaN output used to pass here through std::max).
+using mha_test::max_abs;
+using mha_test::max_abs_diff;
 
 class ToolTest : public ::testing::Test {
 protected:
@@ -694,7 +687,7 @@ TEST_F(ToolTest, PyTorchFixtures) {
                 const mha::npy::Array got = mha::npy::load(got_path.string());
                 const mha::npy::Array want = mha::npy::load(want_path.string());
                 EXPECT_EQ(got.shape, want.shape) << got_path;
-                const float scale = max_abs(want.values);
+                const double scale = max_abs(want.values);
                 EXPECT_LE(max_abs_diff(got.values, want.values), 1e-5f * scale) << got_path;
             };
             compare(out_dir / "output.npy", c / "expected_output.npy");
