@@ -26,6 +26,7 @@ struct RunOptions {
     Backend backend = Backend::simd;
     int threads = 0;
     Impl impl = Impl::automatic;
+    bool seq_first = false;  // query/key/value and output are [L, B, E] (PyTorch's batch_first=False)
     std::string out;  // empty: <npy_dir>/output.npy
 };
 

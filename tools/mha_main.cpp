@@ -38,7 +38,9 @@ const std::map<std::string, BenchOp> op_names{
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"mha: multi-head attention on CPUs (torch.nn.MultiheadAttention semantics, batch_first, eval)", "mha"};
+    CLI::App app{"mha: multi-head attention on CPUs (torch.nn.MultiheadAttention semantics, eval; batch_first, or "
+                 "sequence-first with run --seq-first)",
+                 "mha"};
     app.set_version_flag("--version", std::string(mha::version()), "Print the library version and exit");
     app.require_subcommand(1);
 
@@ -71,6 +73,9 @@ int main(int argc, char** argv) {
     run->add_option("--backend", run_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     run->add_option("--threads", run_opts.threads, "Threads (0: all cores)")->check(thread_count);
     run->add_option("--impl", run_impl, "Attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names));
+    run->add_flag("--seq-first", run_opts.seq_first,
+                  "query.npy, key.npy, value.npy and output.npy are [L, B, E] (PyTorch's batch_first=False) instead "
+                  "of [B, L, E]; masks and attn_weights.npy keep their shapes; unbatched [L, E] files are unaffected");
     run->add_option("--out", run_opts.out, "Output file (default: <npy dir>/output.npy)");
 
     // --- mha bench ----------------------------------------------------------------------------

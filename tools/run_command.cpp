@@ -5,6 +5,10 @@
 //   [B·H, Lq, Lk] (bool/uint8: true = masked; float: added to the scores), norm.weight.npy / norm.bias.npy [E]
 //   (only with --norm-eps). Writes output.npy (float32, the query's shape) and, with --need-weights,
 //   attn_weights.npy [B, Lq, Lk] ([Lq, Lk] unbatched) next to it.
+//   --seq-first (PyTorch's batch_first=False): query.npy [Lq, B, E], key.npy / value.npy [Lk, B, E] and
+//   output.npy [Lq, B, E]; masks and attn_weights.npy keep the shapes above, and unbatched [L, E] files
+//   are the same in both layouts. The arrays go to the library as strided views (row stride B·E, batch
+//   stride E) and the output is written in place in [Lq, B, E]: nothing is transposed.
 // Order of work: load and check everything, compute, then write each file under a temporary name and
 // rename, so an error leaves no output file behind.
 #include <unistd.h>
@@ -104,13 +108,18 @@ void run_command(const RunOptions& opt) {
     if (!fs::is_directory(out_dir)) fail("cannot write " + out_path.string() + ": folder " + out_dir.string() + " does not exist");
 
     // --- load and check ----------------------------------------------------------------------
+    // Where B and L sit in a batched [B, L, E] (or, with --seq-first, [L, B, E]) file.
+    const std::size_t batch_axis = opt.seq_first ? 1 : 0, length_axis = opt.seq_first ? 0 : 1;
+    const std::string q_layout = opt.seq_first ? "[Lq, B, E] (--seq-first)" : "[B, Lq, E]";
+    const std::string k_layout = opt.seq_first ? "[Lk, B, E]" : "[B, Lk, E]";
+
     const Input query = *load_input(dir, "query.npy", true);
     require_float(query);
     if (query.shape().size() != 2 && query.shape().size() != 3)
-        fail("query.npy has shape " + query.shape_str() + " but must be [B, Lq, E] or [Lq, E] (unbatched)");
+        fail("query.npy has shape " + query.shape_str() + " but must be " + q_layout + " or [Lq, E] (unbatched)");
     const bool batched = query.shape().size() == 3;
-    const std::size_t B = batched ? query.shape()[0] : 1;
-    const std::size_t Lq = query.shape()[batched ? 1 : 0];
+    const std::size_t B = batched ? query.shape()[batch_axis] : 1;
+    const std::size_t Lq = query.shape()[batched ? length_axis : 0];
     const std::size_t E = query.shape().back();
     const std::string E_is = " (E = " + std::to_string(E) + " from query.npy)";
 
@@ -120,10 +129,10 @@ void run_command(const RunOptions& opt) {
     if (key) {
         require_float(*key);
         const auto& s = key->shape();
-        const bool ok = s.size() == query.shape().size() && s.back() == E && (!batched || s[0] == B);
+        const bool ok = s.size() == query.shape().size() && s.back() == E && (!batched || s[batch_axis] == B);
         if (!ok)
             fail("key.npy has shape " + key->shape_str() + " but query.npy has shape " + query.shape_str() +
-                 (batched ? ": key must be [B, Lk, E] with the query's B and E" : ": key must be [Lk, E] with the query's E"));
+                 (batched ? ": key must be " + k_layout + " with the query's B and E" : ": key must be [Lk, E] with the query's E"));
     }
     if (value) {
         require_float(*value);
@@ -131,7 +140,7 @@ void run_command(const RunOptions& opt) {
             fail("value.npy has shape " + value->shape_str() + " but " + key_or_query.file + " has shape " +
                  key_or_query.shape_str() + "; they must be equal");
     }
-    const std::size_t Lk = key_or_query.shape()[batched ? 1 : 0];
+    const std::size_t Lk = key_or_query.shape()[batched ? length_axis : 0];
 
     // Parameters: float, exactly the shape the formula gives.
     auto load_param = [&](const std::string& file, bool required, const std::vector<std::size_t>& want,
@@ -156,8 +165,8 @@ void run_command(const RunOptions& opt) {
         const std::vector<std::size_t> want = batched ? std::vector<std::size_t>{B, Lk} : std::vector<std::size_t>{Lk};
         if (kpm->shape() != want)
             fail("key_padding_mask.npy has shape " + kpm->shape_str() + " but must be " + (batched ? "[B, Lk]" : "[Lk]") +
-                 " = " + npy::shape_string(want) + " (from query.npy " + query.shape_str() + " and " + key_or_query.file +
-                 " " + key_or_query.shape_str() + ")");
+                 " = " + npy::shape_string(want) + " (from query.npy " + query.shape_str() + (batched ? " = " + q_layout : "") +
+                 " and " + key_or_query.file + " " + key_or_query.shape_str() + ")");
     }
     const std::optional<Input> attn_mask = load_input(dir, "attn_mask.npy", false);
     if (attn_mask) {
@@ -182,10 +191,14 @@ void run_command(const RunOptions& opt) {
     weights.norm_bias = norm_b ? norm_b->array.values.data() : nullptr;
     const MultiheadAttention attention(weights, E, opt.heads);
 
+    // [B, L, E]: row stride E, batch stride L·E; [L, B, E]: row stride B·E, batch stride E.
+    const auto view = [&](const float* data, std::size_t L) {
+        return opt.seq_first ? ConstBatch(data, B, L, E, B * E, E) : ConstBatch(data, B, L, E);
+    };
     AttentionInputs inputs;
-    inputs.query = ConstBatch(query.array.values.data(), B, Lq, E);
-    if (key) inputs.key = ConstBatch(key->array.values.data(), B, Lk, E);
-    if (value) inputs.value = ConstBatch(value->array.values.data(), B, Lk, E);
+    inputs.query = view(query.array.values.data(), Lq);
+    if (key) inputs.key = view(key->array.values.data(), Lk);
+    if (value) inputs.value = view(value->array.values.data(), Lk);
     if (kpm) inputs.key_padding_mask = mask_view(*kpm, {B, Lk});
     if (attn_mask) inputs.attn_mask = mask_view(*attn_mask, attn_mask->shape());
 
@@ -194,7 +207,7 @@ void run_command(const RunOptions& opt) {
     std::vector<float> output(query.array.size());
     std::vector<float> attn_weights(opt.need_weights ? weights_count : 0);
     AttentionOutputs outputs;
-    outputs.output = Batch(output.data(), B, Lq, E);
+    outputs.output = opt.seq_first ? Batch(output.data(), B, Lq, E, B * E, E) : Batch(output.data(), B, Lq, E);
     outputs.attn_weights = opt.need_weights ? attn_weights.data() : nullptr;
 
     ForwardOptions fo;
