@@ -3,10 +3,14 @@
 #   1. asan      g++ build with ASan + UBSan (-DMHA_SANITIZE=ON) of the library, tests and tool; its ctest
 #   2. fuzz      clang++ libFuzzer targets (fuzz/), ASan + UBSan; each runs MHA_FUZZ_SECONDS from the
 #                committed seed corpus (new inputs go to a scratch folder, never into fuzz/corpus)
-#   3. valgrind  memcheck on the real `mha run` over PyTorch fixtures (ctest -L valgrind, plain build)
+#   3. valgrind  memcheck on the real `mha run` over PyTorch fixtures (ctest -L valgrind), and the ISA
+#                leak check of the linked binaries (ctest -L isa, tools/check_isa_leak.py), on a plain
+#                g++ build and on a clang++ Release build: the two compilers inline and link the per-ISA
+#                TUs differently, and valgrind's CPU has no AVX-512, so an AVX-512 leak is a SIGILL there.
 # Installs what is missing with apt-get. Prints one summary line per step; exits nonzero if any failed.
 # Environment: MHA_FUZZ_SECONDS (default 20), MHA_RELIABILITY_JOBS (default nproc),
-#              MHA_RELIABILITY_BUILD (folder prefix, default build-: build-asan, build-fuzz, build-rel).
+#              MHA_RELIABILITY_BUILD (folder prefix, default build-: build-asan, build-fuzz, build-rel,
+#              build-clang).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,8 +47,8 @@ asan() {
   CXX=g++ cmake -S . -B "$b" -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_BUILD_BENCH=OFF &&
     cmake --build "$b" -j "$jobs" &&
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --test-dir "$b" --output-on-failure -j "$jobs" -E '^consumer_links_installed_library$'
-  # consumer_links_installed_library is skipped here: it links the installed (instrumented) libmha.a
+      ctest --test-dir "$b" --output-on-failure -j "$jobs" -E '^consumer_links_installed_library'
+  # consumer_links_installed_library(_cxx17) is skipped here: it links the installed (instrumented) libmha.a
   # into an outside project built without -fsanitize, which cannot link. The main suite runs it.
 }
 
@@ -70,11 +74,11 @@ fuzz_run() {  # fuzz_run TARGET CORPUS [libFuzzer flags...]
   return $rc
 }
 
-valgrind_check() {
-  local b=${prefix}rel
-  cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_BUILD_BENCH=OFF &&
-    cmake --build "$b" -j "$jobs" --target mha_cli &&
-    ctest --test-dir "$b" --output-on-failure -L valgrind -j "$jobs" --no-tests=error
+valgrind_check() {  # valgrind_check FOLDER CXX BUILD_TYPE: builds what the valgrind and isa tests run, runs them
+  local b=${prefix}$1
+  CXX=$2 cmake -S . -B "$b" -DCMAKE_BUILD_TYPE="$3" -DMHA_BUILD_BENCH=OFF &&
+    cmake --build "$b" -j "$jobs" --target mha_cli mha_tests &&
+    ctest --test-dir "$b" --output-on-failure -L 'valgrind|isa' -j "$jobs" --no-tests=error
 }
 
 step "asan+ubsan build and ctest" asan
@@ -83,7 +87,8 @@ if [ -x "${prefix}fuzz/fuzz/fuzz_npy" ]; then
   step "fuzz_npy ${fuzz_seconds}s" fuzz_run fuzz_npy fuzz/corpus/npy -dict=fuzz/npy.dict -max_len=4096
   step "fuzz_attention ${fuzz_seconds}s" fuzz_run fuzz_attention fuzz/corpus/attention -max_len=256
 fi
-step "valgrind on mha run" valgrind_check
+step "valgrind on mha run + isa leak (g++)" valgrind_check rel g++ RelWithDebInfo
+step "valgrind on mha run + isa leak (clang++)" valgrind_check clang clang++ Release
 
 echo
 echo "======== reliability summary ($(($(date +%s) - start))s total)"

@@ -1,10 +1,17 @@
 // Non-owning row-major matrix views with a row stride (in elements).
 // Element (i, j) of a view lives at data[i * stride + j]; stride >= cols.
+// C++17 like every public header, so programs on an older standard can include it.
 #pragma once
 #include <cstddef>
 #include <type_traits>
 
 namespace mha {
+
+namespace detail {
+// True when T is const U and U is not already const: the one conversion views allow.
+template <class T, class U>
+inline constexpr bool adds_const_v = !std::is_same_v<T, U> && std::is_same_v<T, const U>;
+}  // namespace detail
 
 template <class T>
 struct MatrixView {
@@ -16,10 +23,10 @@ struct MatrixView {
     constexpr MatrixView() = default;
     constexpr MatrixView(T* d, std::size_t r, std::size_t c, std::size_t s) : data(d), rows(r), cols(c), stride(s) {}
     constexpr MatrixView(T* d, std::size_t r, std::size_t c) : data(d), rows(r), cols(c), stride(c) {}
-    // A view of mutable data converts to a view of const data.
-    template <class U>
+    // A view of mutable data converts to a view of const data (and nothing else converts).
+    // enable_if rather than `requires`: the public headers stay C++17.
+    template <class U, std::enable_if_t<detail::adds_const_v<T, U>, int> = 0>
     constexpr MatrixView(const MatrixView<U>& o)  // NOLINT(google-explicit-constructor)
-        requires(!std::is_same_v<T, U> && std::is_same_v<T, const U>)
         : data(o.data), rows(o.rows), cols(o.cols), stride(o.stride) {}
 
     constexpr T& operator()(std::size_t i, std::size_t j) const { return data[i * stride + j]; }
@@ -49,9 +56,8 @@ struct BatchView {
         : data(d), batch(b), rows(r), cols(c), row_stride(c), batch_stride(r * c) {}
     constexpr BatchView(T* d, std::size_t b, std::size_t r, std::size_t c, std::size_t rs, std::size_t bs)
         : data(d), batch(b), rows(r), cols(c), row_stride(rs), batch_stride(bs) {}
-    template <class U>
+    template <class U, std::enable_if_t<detail::adds_const_v<T, U>, int> = 0>
     constexpr BatchView(const BatchView<U>& o)  // NOLINT(google-explicit-constructor)
-        requires(!std::is_same_v<T, U> && std::is_same_v<T, const U>)
         : data(o.data), batch(o.batch), rows(o.rows), cols(o.cols), row_stride(o.row_stride), batch_stride(o.batch_stride) {}
 
     constexpr MatrixView<T> operator[](std::size_t b) const { return {data + b * batch_stride, rows, cols, row_stride}; }
