@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <limits>
 
+#include <emmintrin.h>
+
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
@@ -29,14 +31,30 @@ bool same_view(const ConstBatch& a, const ConstBatch& b) {
            a.row_stride == b.row_stride && a.batch_stride == b.batch_stride;
 }
 
-// A mask as additive floats: additive masks are used in place, boolean ones converted to 0 / -inf.
-const float* additive(const MaskView& m, std::vector<float>& store) {
-    if (m.type == MaskType::additive) return m.values;
-    std::size_t n = 1;
-    for (int i = 0; i < m.rank; ++i) n *= m.shape[i];
-    store.resize(n);
-    for (std::size_t i = 0; i < n; ++i) store[i] = m.bools[i] ? -std::numeric_limits<float>::infinity() : 0.0f;
-    return store.data();
+// A mask's data as a row reader (the row offset is added per use).
+simd::MaskRow mask_row(const MaskView& m) {
+    if (!m.present()) return {};
+    return m.type == MaskType::boolean ? simd::MaskRow(m.bools) : simd::MaskRow(m.values);
+}
+
+bool entry_masked(const simd::MaskRow& m, std::size_t at) {
+    if (m.bools != nullptr) return m.bools[at] != 0;
+    return m.values != nullptr && m.values[at] == -std::numeric_limits<float>::infinity();
+}
+
+// Any of x[0, n) is NaN or ±inf: its exponent bits are all set. SSE2 (the x86-64 baseline), four at a time:
+// ((bits & exponent) + 2^23) has its top bit set exactly when the exponent field is all ones.
+bool any_nonfinite(const float* x, std::size_t n) {
+    const __m128i exponent = _mm_set1_epi32(0x7f800000), one = _mm_set1_epi32(0x00800000);
+    __m128i acc = _mm_setzero_si128();
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
+        acc = _mm_or_si128(acc, _mm_add_epi32(_mm_and_si128(bits, exponent), one));
+    }
+    bool bad = (_mm_movemask_ps(_mm_castsi128_ps(acc)) != 0);
+    for (; j < n; ++j) bad |= !std::isfinite(x[j]);
+    return bad;
 }
 
 // Overflow-checked size arithmetic for the scratch layout.
@@ -93,6 +111,7 @@ ScratchLayout scratch_layout(std::size_t E, std::size_t H, std::size_t B, std::s
         l.key_values = c.take(mul(mul(B, Lk), mul(2, E)));
     }
     l.context = c.take(mul(mul(B, Lq), E));
+    l.value_flags = c.take(mul(B, H) / sizeof(float) + 1);
     std::size_t scores = 0, accumulator = 0, row_stats = 0;
     if (fused) {
         std::size_t key_floats = 0, value_floats = 0;
@@ -156,11 +175,27 @@ AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const Attentio
         key_panels_ = scratch + layout.key_panels;
         value_panels_ = scratch + layout.value_panels;
     }
-    if (in.key_padding_mask.present()) key_padding_ = additive(in.key_padding_mask, key_padding_store_);
-    if (in.attn_mask.present()) {
-        attn_mask_ = additive(in.attn_mask, attn_mask_store_);
-        attn_mask_rank_ = in.attn_mask.rank;
-    }
+    key_padding_ = mask_row(in.key_padding_mask);
+    attn_mask_ = mask_row(in.attn_mask);
+    attn_mask_rank_ = in.attn_mask.rank;
+    if (has_masks()) value_flags_ = reinterpret_cast<std::uint8_t*>(scratch + layout.value_flags);
+}
+
+bool AttentionPlan::key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept {
+    return (causal && j > i) || entry_masked(key_padding_row(b), j) || entry_masked(attn_mask_row(b, h, i), j);
+}
+
+void AttentionPlan::check_values() const {
+    if (value_flags_ == nullptr) return;
+    const std::size_t d = head_dim;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * H), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t bh = r.begin(); bh != r.end(); ++bh) {
+            const ConstMatrix v = V[bh / H].columns(bh % H * d, d);
+            bool bad = false;
+            for (std::size_t j = 0; j < Lk && !bad; ++j) bad = any_nonfinite(v.row(j), d);
+            value_flags_[bh] = bad ? 1 : 0;
+        }
+    });
 }
 
 AttentionPlan::ThreadScratch AttentionPlan::thread_scratch() const noexcept {

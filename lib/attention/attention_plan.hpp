@@ -1,12 +1,12 @@
 // What one SIMD forward call shares between its steps: shapes, the projected Q/K/V and context buffers
-// (heads are column views into them), the masks as additive rows, and the per-thread scratch slots,
+// (heads are column views into them), the mask rows, and the per-thread scratch slots,
 // all carved from one caller-provided block (a Workspace or a lease from the scratch cache).
 // Preconditions: arguments validated by MultiheadAttention::forward, key/value resolved.
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <optional>
-#include <vector>
+#include <cstdint>
 
 #include "mha/attention.hpp"
 #include "../simd/simd.hpp"
@@ -23,6 +23,7 @@ struct ScratchLayout {
     std::size_t slots = 0, slot_floats = 0, threads = 0;
     // within a slot
     std::size_t scores = 0, accumulator = 0, row_stats = 0, gemm_a = 0, gemm_b = 0;
+    std::size_t value_flags = 0;  // B·H bytes (per call)
     simd::GemmScratchSize gemm{};
     std::size_t total_floats = 0;
     std::size_t bytes() const noexcept { return total_floats * sizeof(float); }
@@ -75,13 +76,22 @@ struct AttentionPlan {
     };
     ThreadScratch thread_scratch() const noexcept;
 
-    // The additive key-padding row of batch b ([Lk]), or nullptr.
-    const float* key_padding_row(std::size_t b) const noexcept { return key_padding_ ? key_padding_ + b * Lk : nullptr; }
-    // The additive attn_mask row of query i for (b, h) ([Lk]), or nullptr.
-    const float* attn_mask_row(std::size_t b, std::size_t h, std::size_t i) const noexcept {
-        if (!attn_mask_) return nullptr;
-        return attn_mask_ + ((attn_mask_rank_ == 3 ? (b * H + h) * Lq : 0) + i) * Lk;
+    // The key-padding row of batch b ([Lk]) and the attn_mask row of query i for (b, h) ([Lk]), read in
+    // place (boolean masks as bytes); absent masks give an empty MaskRow.
+    simd::MaskRow key_padding_row(std::size_t b) const noexcept { return key_padding_.from(b * Lk); }
+    simd::MaskRow attn_mask_row(std::size_t b, std::size_t h, std::size_t i) const noexcept {
+        if (!attn_mask_.present()) return {};
+        return attn_mask_.from(((attn_mask_rank_ == 3 ? (b * H + h) * Lq : 0) + i) * Lk);
     }
+    bool has_masks() const noexcept { return causal || key_padding_.present() || attn_mask_.present(); }
+    // Key j is masked for query i (a boolean entry set, an additive -inf, or causal j > i).
+    bool key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept;
+    // Some value of head h of batch b is NaN or ±inf (computed by check_values when has_masks()).
+    bool value_nonfinite(std::size_t b, std::size_t h) const noexcept {
+        return value_flags_ != nullptr && value_flags_[b * H + h] != 0;
+    }
+    // Sets the value flags from V (after project_inputs), parallel over batch × head. Call inside the arena.
+    void check_values() const;
 
     // Q, K, V = projections of the inputs (bias fused), parallel over row blocks. Call inside the arena.
     void project_inputs(const MultiheadAttention::State& st, const AttentionInputs& in) const;
@@ -89,10 +99,9 @@ struct AttentionPlan {
     void project_output(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out) const;
 
 private:
-    std::vector<float> key_padding_store_, attn_mask_store_;  // bool masks converted to 0 / -inf
-    const float* key_padding_ = nullptr;
-    const float* attn_mask_ = nullptr;
+    simd::MaskRow key_padding_, attn_mask_;
     int attn_mask_rank_ = 0;
+    std::uint8_t* value_flags_ = nullptr;  // [B·H] when has_masks()
     std::optional<float> norm_eps_;
     float* key_panels_ = nullptr;
     float* value_panels_ = nullptr;

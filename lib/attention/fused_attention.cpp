@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "../simd/simd.hpp"
@@ -19,8 +20,10 @@ namespace {
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
-bool all_masked(const float* additive, std::size_t n) {
-    return std::all_of(additive, additive + n, [](float v) { return v == kMinusInf; });
+// Every key of a padding row is masked (nonzero byte or additive -inf).
+bool all_masked(const simd::MaskRow& m, std::size_t n) {
+    if (m.bools != nullptr) return std::all_of(m.bools, m.bools + n, [](std::uint8_t v) { return v != 0; });
+    return std::all_of(m.values, m.values + n, [](float v) { return v == kMinusInf; });
 }
 
 }  // namespace
@@ -39,21 +42,22 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
     const ConstMatrix q = p.Q[b].columns(h * d, d).row_block(i0, rows);
     // K_hᵀ and V_h packed once per forward (AttentionPlan::pack_keys_values): tiles are read in place.
     const simd::PanelMatrix k_t = p.key_panels(b, h), v = p.value_panels(b, h);
-    const float* padding = p.key_padding_row(b);
+    const simd::MaskRow padding = p.key_padding_row(b);
+    const bool careful = p.value_nonfinite(b, h);  // a value is NaN or ±inf: masked keys must be skipped
     const std::size_t key_end = p.causal ? std::min(p.Lk, i0 + rows) : p.Lk;
 
     for (std::size_t j0 = 0; j0 < key_end; j0 += tile) {
         const std::size_t kt = std::min(tile, key_end - j0);
-        if (padding && all_masked(padding + j0, kt)) continue;
+        if (padding.present() && all_masked(padding.from(j0), kt)) continue;
         const Matrix st = s.columns(0, kt);
         simd::gemm_panels(p.scale, q, Trans::no, k_t.columns(j0, kt), 0.0f, st);
         for (std::size_t r = 0; r < rows; ++r) {
             const std::size_t i = i0 + r;
             const std::size_t valid = !p.causal ? kt : (i + 1 > j0 ? std::min(kt, i + 1 - j0) : 0);
-            const float* am = p.attn_mask_row(b, h, i);
+            const simd::MaskRow am = p.attn_mask_row(b, h, i);
             const float old_max = row_max[r];
-            const float tile_sum = simd::softmax_tile_online(st.row(r), kt, valid, 1.0f, padding ? padding + j0 : nullptr,
-                                                             am ? am + j0 : nullptr, row_max[r]);
+            const float tile_sum = simd::softmax_tile_online(st.row(r), kt, valid, 1.0f, padding.from(j0), am.from(j0),
+                                                             row_max[r]);
             if (row_max[r] != old_max) {
                 // The max grew: rescale what was accumulated under the old max (nothing if it was -inf).
                 const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[r]);
@@ -63,7 +67,18 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
             }
             row_sum[r] += tile_sum;
         }
-        simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
+        if (!careful) {
+            simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
+            continue;
+        }
+        // Plain loops over the unmasked keys (0·NaN must not reach O), reading V_h unpacked.
+        const ConstMatrix v_h = p.V[b].columns(h * d, d);
+        for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t j = 0; j < kt; ++j) {
+                if (p.key_masked(b, h, i0 + r, j0 + j)) continue;
+                const float pj = st(r, j);
+                for (std::size_t col = 0; col < d; ++col) o(r, col) += pj * v_h(j0 + j, col);
+            }
     }
 
     const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);

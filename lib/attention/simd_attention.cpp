@@ -48,8 +48,22 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
         simd::softmax_row(s.row(r), cols, valid, 1.0f, p.key_padding_row(b), p.attn_mask_row(b, h, i));
     }
     const ConstMatrix v = p.V[b].columns(h * d, d).row_block(0, keys);
-    simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f,
-               p.C[b].columns(h * d, d).row_block(i0, rows), gemm_scratch);
+    const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);
+    if (p.value_nonfinite(b, h)) {
+        // A value row is NaN or ±inf: a masked key must not contribute (0·NaN would), so sum over the
+        // unmasked keys only. Rare (garbage input), so plain loops.
+        for (std::size_t r = 0; r < rows; ++r) {
+            float* crow = c.row(r);
+            for (std::size_t col = 0; col < d; ++col) crow[col] = 0.0f;
+            for (std::size_t j = 0; j < keys; ++j) {
+                if (p.key_masked(b, h, i0 + r, j)) continue;
+                const float pj = s(r, j);
+                for (std::size_t col = 0; col < d; ++col) crow[col] += pj * v(j, col);
+            }
+        }
+        return;
+    }
+    simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f, c, gemm_scratch);
 }
 
 }  // namespace
@@ -92,6 +106,7 @@ void simd_multihead_attention(const MultiheadAttention::State& st, const Attenti
 
     auto run = [&] {
         p.project_inputs(st, in);
+        p.check_values();
         if (fused) p.pack_keys_values();
 
         const std::size_t qb = p.query_block;

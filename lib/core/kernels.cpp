@@ -37,9 +37,13 @@ void softmax_rows(Matrix x, float scale, ConstMatrix mask, Backend backend) {
             fail("mask is " + shape_str(mask.rows, mask.cols) + " but x is " + shape_str(x.rows, x.cols));
         if (detail::overlaps(x, mask)) fail("mask overlaps x");
     }
-    auto row = backend == Backend::scalar ? &reference::softmax_row : &simd::softmax_row;
-    for (std::size_t i = 0; i < x.rows; ++i)
-        row(x.row(i), x.cols, x.cols, scale, mask.data ? mask.row(i) : nullptr, nullptr);
+    for (std::size_t i = 0; i < x.rows; ++i) {
+        const float* m = mask.data ? mask.row(i) : nullptr;
+        if (backend == Backend::scalar)
+            reference::softmax_row(x.row(i), x.cols, x.cols, scale, m, nullptr);
+        else
+            simd::softmax_row(x.row(i), x.cols, x.cols, scale, m, nullptr);
+    }
 }
 
 void layernorm_rows(ConstMatrix x, Matrix y, const float* gamma, const float* beta, float eps, ConstMatrix residual,

@@ -3,7 +3,7 @@
 //   Q = query_b·Wqᵀ + bq, K = key_b·Wkᵀ + bk, V = value_b·Wvᵀ + bv   ([L, E] each)
 //   for each head h, Qh/Kh/Vh = columns [h·d, h·d + d) viewed with stride E (seed 003's slices):
 //     S = Qh·Khᵀ / sqrt(d); masked entries get their additive value or -inf; P = softmax rows of S
-//     C[:, h·d ..] = P·Vh
+//     C[:, h·d ..] = P·Vh over the keys not masked for that query (masked: boolean, -inf or causal)
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + query_b).
 #include <cmath>
 #include <limits>
@@ -45,6 +45,7 @@ void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::
     const float *bq = w.in_proj_bias, *bk = w.in_proj_bias + E, *bv = w.in_proj_bias + 2 * E;
 
     std::vector<float> q(Lq * E), k(Lk * E), v(Lk * E), ctx(Lq * E), scores(Lq * Lk);
+    std::vector<unsigned char> masked(Lq * Lk);  // key j masked for query i (boolean, -inf or causal)
     const Matrix Q(q.data(), Lq, E), K(k.data(), Lk, E), V(v.data(), Lk, E), C(ctx.data(), Lq, E);
     const Matrix S(scores.data(), Lq, Lk);
 
@@ -56,13 +57,24 @@ void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::
             reference::gemm(scale, Q.columns(h * d, d), Trans::no, K.columns(h * d, d), Trans::yes, 0.0f, S);
             for (std::size_t i = 0; i < Lq; ++i) {
                 for (std::size_t j = 0; j < Lk; ++j) {
-                    if (in.key_padding_mask.present()) S(i, j) += mask_value(in.key_padding_mask, 0, b, j);
-                    if (in.attn_mask.present()) S(i, j) += mask_value(in.attn_mask, b * H + h, i, j);
+                    const float kp = in.key_padding_mask.present() ? mask_value(in.key_padding_mask, 0, b, j) : 0.0f;
+                    const float am = in.attn_mask.present() ? mask_value(in.attn_mask, b * H + h, i, j) : 0.0f;
+                    masked[i * Lk + j] = kp == kMinusInf || am == kMinusInf || (opt.causal && j > i);
+                    S(i, j) += kp;
+                    S(i, j) += am;
                     if (opt.causal && j > i) S(i, j) = kMinusInf;
                 }
                 softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
             }
-            reference::gemm(1.0f, S, Trans::no, V.columns(h * d, d), Trans::no, 0.0f, C.columns(h * d, d));
+            // C_h = P·V_h, summed over the keys each query may see: a masked key never contributes, even
+            // when its value row is NaN or ±inf (0·NaN would make the row NaN).
+            for (std::size_t i = 0; i < Lq; ++i)
+                for (std::size_t c = 0; c < d; ++c) {
+                    float sum = 0.0f;
+                    for (std::size_t j = 0; j < Lk; ++j)
+                        if (!masked[i * Lk + j]) sum += S(i, j) * V(j, h * d + c);
+                    C(i, h * d + c) = sum;
+                }
 
             if (opt.need_weights == NeedWeights::per_head) {
                 float* dst = out.attn_weights + (b * H + h) * Lq * Lk;

@@ -6,7 +6,6 @@
 // (the same k-blocks, in order, one FMA per k) whatever the path (packed or in-place operands, which
 // row panel), so splitting M across threads gives bitwise the same rows.
 #pragma once
-#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cstddef>
@@ -19,6 +18,10 @@
 
 namespace mha::simd {
 namespace gemm_detail {
+namespace {
+// Internal linkage: each ISA TU has its own copy, never one the linker could share with another ISA.
+constexpr std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
+}  // namespace
 
 template <class Arch>
 struct Gemm {
@@ -63,7 +66,7 @@ struct Gemm {
                       const float* bias) noexcept {
         const KernelTable& table = layout == ALayout::col_panel ? kernels_col : kernels_row;
         for (std::size_t j0 = 0, jr = 0; j0 < nc; j0 += NR, ++jr) {
-            const std::size_t n = std::min(NR, nc - j0);
+            const std::size_t n = min_size(NR, nc - j0);
             const bool edge = n < NR && b.edge != nullptr;
             const GemmTileOut out{c + j0, ldc, n, alpha, beta, bias != nullptr ? bias + j0 : nullptr};
             table[(n + W - 1) / W - 1][m - 1](kc, a, lda, edge ? b.edge : b.base + jr * b.panel_step,
@@ -92,9 +95,9 @@ struct Gemm {
     // k-block is at most min(k, KC); the in-place case only shrinks as the sizes do).
     static GemmScratchSize scratch_bound(std::size_t m, std::size_t n, std::size_t k, Trans ta, Trans tb) {
         if (m == 0 || n == 0 || k == 0) return {};
-        const std::size_t kc = std::min(k, Blk::KC);
+        const std::size_t kc = min_size(k, Blk::KC);
         const bool in_place = b_in_place(m, n, kblock_count(k, Blk::KC), tb);
-        return {ta == Trans::yes ? kc * MR : 0, in_place ? kc * NR : kc * ((std::min(Blk::NC, n) + NR - 1) / NR * NR)};
+        return {ta == Trans::yes ? kc * MR : 0, in_place ? kc * NR : kc * ((min_size(Blk::NC, n) + NR - 1) / NR * NR)};
     }
 
     // The driver. b_packed or b_panels != nullptr: B comes prepacked (b, tb unused); otherwise op(B) from b, tb.
@@ -108,7 +111,7 @@ struct Gemm {
 
         const std::size_t KC = b_packed != nullptr ? b_packed->kc : Blk::KC;
         [[maybe_unused]] const std::size_t nkb = kblock_count(K, KC), kc_max = (K + nkb - 1) / nkb;  // the longest k-block
-        [[maybe_unused]] const std::size_t nc_max = std::min(Blk::NC, N);
+        [[maybe_unused]] const std::size_t nc_max = min_size(Blk::NC, N);
         const bool prepacked = b_packed != nullptr || b_panels != nullptr;
         const bool in_place = !prepacked && b_in_place(M, N, nkb, tb);
         const bool pack_a = ta == Trans::yes;  // in place, op(A) = Aᵀ would touch one cache line per k
@@ -119,7 +122,7 @@ struct Gemm {
         const std::size_t np = panel_count(M);
 
         for (std::size_t jc = 0; jc < N; jc += Blk::NC) {
-            const std::size_t nc = std::min(Blk::NC, N - jc);
+            const std::size_t nc = min_size(Blk::NC, N - jc);
             for (std::size_t kb = 0; kb < nkb; ++kb) {
                 const std::size_t pc = kblock_start(kb, K, nkb), kc = kblock_start(kb + 1, K, nkb) - pc;
                 const float beta_k = kb == 0 ? beta : 1.0f;  // later k-blocks accumulate onto C
@@ -139,7 +142,7 @@ struct Gemm {
                     const bool tr = tb == Trans::yes;
                     for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
                         const float* src = tr ? b.data + (jc + j0) * b.stride + pc : b.data + pc * b.stride + jc + j0;
-                        pack_b_panel<Arch, NR>(std::min(NR, nc - j0), kc, src, b.stride, tr, b_buf + j0 * kc);
+                        pack_b_panel<Arch, NR>(min_size(NR, nc - j0), kc, src, b.stride, tr, b_buf + j0 * kc);
                     }
                     bp = {b_buf, kc * NR, NR, nullptr};
                 }
@@ -164,7 +167,7 @@ struct Gemm {
         const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols;
         for (std::size_t j0 = 0, p = 0; j0 < n; j0 += NR, ++p) {
             const float* src = tr ? b.data + j0 * b.stride : b.data + j0;
-            pack_b_panel<Arch, NR>(std::min(NR, n - j0), k, src, b.stride, tr, dst + p * panel_stride);
+            pack_b_panel<Arch, NR>(min_size(NR, n - j0), k, src, b.stride, tr, dst + p * panel_stride);
         }
     }
 

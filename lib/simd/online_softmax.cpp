@@ -4,8 +4,8 @@
 
 namespace mha::simd {
 
-float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
-                          const float* mask1, float& running_max) noexcept {
+float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
+                          MaskRow mask1, float& running_max) noexcept {
     return dispatch(active_isa(), softmax_tile_online_kernel{}, x, n, n_valid, scale, mask0, mask1, running_max);
 }
 

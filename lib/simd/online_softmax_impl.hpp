@@ -1,10 +1,9 @@
 // One key tile of the online softmax: z = scale·x + masks over n_valid entries, raise the running
 // max, overwrite x with exp(z − max) (zeros past n_valid) and return the sum. The same two passes as
 // the row softmax (softmax_math.hpp): z and its max (z stored over x unless scale is 1 and there are no
-// masks); exp and its sum. Preconditions: x holds n floats, masks n_valid floats or null, no overlap.
+// masks); exp and its sum. Preconditions: x holds n floats, masks n_valid entries or none, no overlap.
 // NaN: the max skips NaN, the exp and the sum do not, as in softmax.
 #pragma once
-#include <algorithm>
 #include <cstddef>
 #include <limits>
 
@@ -15,17 +14,18 @@ namespace mha::simd {
 
 template <class Arch>
 float softmax_tile_online_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale,
-                                             const float* mask0, const float* mask1, float& running_max) const noexcept {
-    const float m = std::max(running_max, softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1));
+                                             MaskRow mask0, MaskRow mask1, float& running_max) const noexcept {
+    const float tile_max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
+    const float m = tile_max > running_max ? tile_max : running_max;
     running_max = m;
     if (m == -std::numeric_limits<float>::infinity()) {
         // Nothing finite yet: a masked tile contributes 0, but a NaN score must not vanish as if masked.
-        const bool has_nan = std::any_of(x, x + n_valid, [](float z) { return z != z; });
-        std::fill(x, x + n, 0.0f);
+        const bool has_nan = softmax_detail::any_nan(arch, x, n_valid);
+        softmax_detail::fill(arch, x, n, 0.0f);
         return has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
     }
     const float sum = softmax_detail::exp_sum(arch, x, n_valid, m);
-    std::fill(x + n_valid, x + n, 0.0f);
+    softmax_detail::fill(arch, x + n_valid, n - n_valid, 0.0f);
     return sum;
 }
 

@@ -3,5 +3,5 @@
 
 namespace mha::simd {
 template float softmax_tile_online_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float,
-                                                                 const float*, const float*, float&) const noexcept;
+                                                                 MaskRow, MaskRow, float&) const noexcept;
 }  // namespace mha::simd

@@ -8,6 +8,7 @@
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
+#include "mask_row.hpp"
 
 namespace mha::simd {
 
@@ -34,15 +35,15 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c);
 
 // Same contract as reference::softmax_row.
-void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
-                 const float* mask1) noexcept;
+// Masks: additive floats or bytes (mask_row.hpp), each holding n_valid entries, or none.
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1) noexcept;
 
 // One key tile of the online softmax (fused attention): on x[0, n), z_j = scale·x_j + mask0_j + mask1_j
 // for j < n_valid (masks may be null); running_max becomes max(running_max, max_j z_j); then
 // x_j = exp(z_j − running_max) for j < n_valid and 0 for j >= n_valid (every x_j = 0 while running_max
 // is still -inf; the sum is then NaN if a z_j was NaN, else 0). Returns Σ_j x_j. The caller rescales its earlier sums by exp(old_max − running_max).
-float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
-                          const float* mask1, float& running_max) noexcept;
+float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
+                          float& running_max) noexcept;
 
 // Same contract as reference::layernorm_row.
 void layernorm_row(float* y, const float* x, const float* residual, std::size_t n, const float* gamma,

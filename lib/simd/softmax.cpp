@@ -5,8 +5,8 @@
 
 namespace mha::simd {
 
-void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
-                 const float* mask1) noexcept {
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
+                 MaskRow mask1) noexcept {
     dispatch(active_isa(), softmax_kernel{}, x, n, n_valid, scale, mask0, mask1);
 }
 

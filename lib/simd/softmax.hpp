@@ -5,20 +5,21 @@
 #include <cstddef>
 
 #include "dispatch.hpp"
+#include "mask_row.hpp"
 
 namespace mha::simd {
 
 struct softmax_kernel {
     template <class Arch>
-    void operator()(Arch, float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
-                    const float* mask1) const noexcept;
+    void operator()(Arch, float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
+                    MaskRow mask1) const noexcept;
 };
 
 extern template void softmax_kernel::operator()<arch_avx512>(arch_avx512, float*, std::size_t, std::size_t, float,
-                                                             const float*, const float*) const noexcept;
+                                                             MaskRow, MaskRow) const noexcept;
 extern template void softmax_kernel::operator()<arch_avx2>(arch_avx2, float*, std::size_t, std::size_t, float,
-                                                           const float*, const float*) const noexcept;
+                                                           MaskRow, MaskRow) const noexcept;
 extern template void softmax_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float,
-                                                           const float*, const float*) const noexcept;
+                                                           MaskRow, MaskRow) const noexcept;
 
 }  // namespace mha::simd

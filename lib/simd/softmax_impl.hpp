@@ -4,7 +4,7 @@
 //   x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, x_j = 0 for n_valid <= j < n;
 //   a row whose z are all -inf (or n_valid == 0) becomes 0 (if the others are NaN: NaN). NaN in z makes the row's valid entries NaN,
 //   as in the reference (the max skips NaN, the sum does not).
-// Preconditions: n_valid <= n; the masks (if non-null) hold n_valid floats and do not overlap x.
+// Preconditions: n_valid <= n; the masks (if present) hold n_valid entries and do not overlap x.
 // Three passes over the row, which stays in L1/L2 (n <= 8192):
 //   1. z = scale·x + masks, stored over x (unless z = x), running max;  2. e = exp(z − max), stored, running sum;
 //   3. x *= 1/sum.  Tails use masked loads/stores on AVX-512 and a padded stack buffer elsewhere.
@@ -14,7 +14,6 @@
 // path. (At -O0, xsimd::exp's own scalar-constant helpers still are, in the AVX2 and SSE2 TUs.)
 #pragma once
 #include <cstddef>
-#include <algorithm>
 #include <limits>
 
 #include "row_tail.hpp"
@@ -24,8 +23,8 @@
 namespace mha::simd {
 
 template <class Arch>
-void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale,
-                                const float* mask0, const float* mask1) const noexcept {
+void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
+                                MaskRow mask1) const noexcept {
     using B = softmax_detail::batch<Arch>;
     using row_detail::load_head;
     using row_detail::store_head;
@@ -40,12 +39,12 @@ void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t 
     if (max == neg_inf) {
         // Every z is -inf or NaN (or n_valid == 0). Fully masked: the row is 0. But a NaN must not
         // vanish into a "masked" row: if any z is NaN the valid entries become NaN (a rare branch).
-        const bool has_nan = std::any_of(x, x + n_valid, [](float z) { return z != z; });
+        const bool has_nan = softmax_detail::any_nan(arch, x, n_valid);
         const B fill(has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
         std::size_t j = 0;
         for (; j + W <= n_valid; j += W) fill.store_unaligned(x + j);
         if (j < n_valid) store_head(arch, fill, x + j, n_valid - j);
-        std::fill(x + n_valid, x + n, 0.0f);
+        softmax_detail::fill(arch, x + n_valid, n - n_valid, 0.0f);
         return;
     }
 

@@ -4,8 +4,10 @@
 // helper is a template on Arch or exists only in the AVX-512 TU (no weak symbol shared across ISAs).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
+#include "mask_row.hpp"
 #include "row_tail.hpp"
 
 namespace mha::simd::softmax_detail {
@@ -60,25 +62,59 @@ inline batch<arch_avx512> exp_nonpositive(arch_avx512, const batch<arch_avx512>&
 inline float reduce_max(arch_avx512, const batch<arch_avx512>& v) noexcept { return _mm512_reduce_max_ps(v); }
 #endif
 
+// A boolean mask's bytes p[0, W) as additive values: -inf where the byte is nonzero, else 0.
+inline batch<arch_sse2> bool_mask_additive(arch_sse2, const std::uint8_t* p) noexcept {
+    int bytes;
+    __builtin_memcpy(&bytes, p, 4);
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i b32 = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(bytes), zero), zero);
+    const __m128i is_zero = _mm_cmpeq_epi32(b32, zero);
+    return _mm_andnot_ps(_mm_castsi128_ps(is_zero), _mm_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+#if defined(__AVX2__)
+inline batch<arch_avx2> bool_mask_additive(arch_avx2, const std::uint8_t* p) noexcept {
+    const __m256i b32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i is_zero = _mm256_cmpeq_epi32(b32, _mm256_setzero_si256());
+    return _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), _mm256_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+#endif
+#if defined(__AVX512F__)
+inline batch<arch_avx512> bool_mask_additive(arch_avx512, const std::uint8_t* p) noexcept {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_maskz_mov_ps(_mm_test_epi8_mask(b, b), _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+#endif
+
+// mask's entries [j, j + W) as additive values (k < W: only [j, j + k), the other lanes 0).
+template <class Arch>
+batch<Arch> mask_at(Arch arch, const MaskRow& mask, std::size_t j, std::size_t k = batch<Arch>::size) noexcept {
+    constexpr std::size_t W = batch<Arch>::size;
+    if (mask.values != nullptr)
+        return k == W ? batch<Arch>::load_unaligned(mask.values + j) : row_detail::load_head(arch, mask.values + j, k, 0.0f);
+    if (k == W) return bool_mask_additive(arch, mask.bools + j);
+    alignas(16) std::uint8_t buf[W] = {};
+    for (std::size_t i = 0; i < k; ++i) buf[i] = mask.bools[j + i];
+    return bool_mask_additive(arch, buf);
+}
+
 // Pass 1 over x[0, n_valid): z_j = scale·x_j (+ mask0_j) (+ mask1_j), stored over x (not when scale is 1
-// and both masks are null: then z = x and the row is only read); returns max z (-inf if none). The max
+// and both masks are absent: then z = x and the row is only read); returns max z (-inf if none). The max
 // is maxps with z first, which returns its second operand when either is NaN: a NaN z is skipped, like
 // the reference's `if (z > max) max = z`. Two chains hide the max latency.
 template <class Arch>
-float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, const float* mask0,
-                     const float* mask1) noexcept {
+float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size;
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
-    const bool z_is_x = scale == 1.0f && mask0 == nullptr && mask1 == nullptr;
+    const bool z_is_x = scale == 1.0f && !mask0.present() && !mask1.present();
     const B vscale(scale);
     auto z_at = [&](std::size_t j) noexcept {
         B z = B::load_unaligned(x + j);
         if (z_is_x) return z;
         z *= vscale;
-        if (mask0) z += B::load_unaligned(mask0 + j);
-        if (mask1) z += B::load_unaligned(mask1 + j);
+        if (mask0.present()) z += mask_at(arch, mask0, j);
+        if (mask1.present()) z += mask_at(arch, mask1, j);
         z.store_unaligned(x + j);
         return z;
     };
@@ -91,14 +127,27 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, cons
     for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
         B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
-        if (mask0) z += row_detail::load_head(arch, mask0 + body, tail, 0.0f);
-        if (mask1) z += row_detail::load_head(arch, mask1 + body, tail, 0.0f);
+        if (mask0.present()) z += mask_at(arch, mask0, body, tail);
+        if (mask1.present()) z += mask_at(arch, mask1, body, tail);
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
         const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));
         max_b = xsimd::max(xsimd::select(in_tail, z, B(neg_inf)), max_b);
     }
     return reduce_max(arch, xsimd::max(max_a, max_b));
+}
+
+// Whether any of x[0, n) is NaN, and x[0, n) = value (plain loops: no std algorithm instantiated here,
+// whose one kept copy could be this TU's ISA-encoded one).
+template <class Arch>
+bool any_nan(Arch, const float* x, std::size_t n) noexcept {
+    bool nan = false;
+    for (std::size_t j = 0; j < n; ++j) nan |= x[j] != x[j];
+    return nan;
+}
+template <class Arch>
+void fill(Arch, float* x, std::size_t n, float value) noexcept {
+    for (std::size_t j = 0; j < n; ++j) x[j] = value;
 }
 
 // Pass 2 over x[0, n_valid): x_j = exp(x_j − max), returns Σ x_j. Tail lanes load -inf and add

@@ -2,5 +2,5 @@
 #include "softmax_impl.hpp"
 
 namespace mha::simd {
-template void softmax_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float, const float*, const float*) const noexcept;
+template void softmax_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float, MaskRow, MaskRow) const noexcept;
 }  // namespace mha::simd
