@@ -40,7 +40,7 @@ std::size_t mask_elements(const MaskView& m) {
 // The mask's bytes fit in the address space after its pointer (its shape matched the inputs).
 void check_mask_extent(const char* name, const MaskView& m) {
     std::size_t n = 1;
-    for (int i = 0; i < m.rank; ++i) n = detail::checked_madd(n, m.shape[i], 0, std::string(name) + " size");
+    for (int i = 0; i < m.rank; ++i) n = detail::checked_madd(n, m.shape[i], 0, name, "size");
     if (m.type == MaskType::boolean)
         detail::checked_extent(name, m.bools, n);
     else
@@ -169,8 +169,8 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         const std::size_t heads = opt.need_weights == NeedWeights::per_head ? H : 1;
         const std::size_t count = detail::checked_extent(
             "attn_weights", out.attn_weights,
-            detail::checked_madd(detail::checked_madd(B, heads, 0, "attn_weights [B, H]"),
-                                 detail::checked_madd(Lq, Lk, 0, "attn_weights [Lq, Lk]"), 0, "attn_weights size"));
+            detail::checked_madd(detail::checked_madd(B, heads, 0, "attn_weights", "[B, H]"),
+                                 detail::checked_madd(Lq, Lk, 0, "attn_weights", "[Lq, Lk]"), 0, "attn_weights", "size"));
         const Batch weights(out.attn_weights, 1, 1, count);
         if (detail::overlaps(weights, out.output) || detail::overlaps(weights, in.query) ||
             detail::overlaps(weights, in.key) || detail::overlaps(weights, in.value))

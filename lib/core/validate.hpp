@@ -22,21 +22,23 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
     return s;
 }
 
-// a·b + c, or fails naming `what` if it does not fit in size_t.
-inline std::size_t checked_madd(std::size_t a, std::size_t b, std::size_t c, const std::string& what) {
+// a·b + c, or fails naming `name` and `what` if it does not fit in size_t. Messages are built only on
+// failure: a valid call allocates nothing here (a forward in a Workspace allocates nothing at all).
+inline std::size_t checked_madd(std::size_t a, std::size_t b, std::size_t c, const char* name, const char* what) {
     std::size_t p = 0, s = 0;
-    if (__builtin_mul_overflow(a, b, &p) || __builtin_add_overflow(p, c, &s)) fail(what + " overflows the address space");
+    if (__builtin_mul_overflow(a, b, &p) || __builtin_add_overflow(p, c, &s))
+        fail(std::string(name) + " " + what + " overflows the address space");
     return s;
 }
 
 // Elements from a view's first to one past its last element; the bytes must fit in the address space
 // after the pointer (no wrap-around).
 template <class T>
-std::size_t checked_extent(const std::string& name, const T* data, std::size_t elements) {
+std::size_t checked_extent(const char* name, const T* data, std::size_t elements) {
     constexpr std::size_t max_bytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
     if (elements > max_bytes / sizeof(T) ||
         reinterpret_cast<std::uintptr_t>(data) > std::numeric_limits<std::uintptr_t>::max() - elements * sizeof(T))
-        fail(name + " spans " + std::to_string(elements) + " elements, which overflows the address space");
+        fail(std::string(name) + " spans " + std::to_string(elements) + " elements, which overflows the address space");
     return elements;
 }
 
@@ -48,15 +50,14 @@ void check_matrix(const char* name, const MatrixView<T>& m) {
     if (m.stride < m.cols)
         fail(std::string(name) + " stride " + std::to_string(m.stride) + " is smaller than its row of " +
              std::to_string(m.cols) + " columns");
-    checked_extent(name, m.data,
-                   checked_madd(m.rows - 1, m.stride, m.cols, std::string(name) + " extent (rows − 1)·stride + cols"));
+    checked_extent(name, m.data, checked_madd(m.rows - 1, m.stride, m.cols, name, "extent (rows − 1)·stride + cols"));
 }
 
 // The elements a batch view spans: (batch − 1)·batch_stride + (rows − 1)·row_stride + cols, checked.
 template <class T>
-std::size_t batch_extent(const std::string& name, const BatchView<T>& b) {
-    const std::size_t rows = checked_madd(b.rows - 1, b.row_stride, b.cols, name + " extent (rows − 1)·row_stride + cols");
-    return checked_extent(name, b.data, checked_madd(b.batch - 1, b.batch_stride, rows, name + " extent (batch − 1)·batch_stride + …"));
+std::size_t batch_extent(const char* name, const BatchView<T>& b) {
+    const std::size_t rows = checked_madd(b.rows - 1, b.row_stride, b.cols, name, "extent (rows − 1)·row_stride + cols");
+    return checked_extent(name, b.data, checked_madd(b.batch - 1, b.batch_stride, rows, name, "extent (batch − 1)·batch_stride + …"));
 }
 
 // A non-empty batch view with a valid pointer whose extent fits. Inputs may use any strides (rows may
@@ -81,11 +82,11 @@ void check_rows_disjoint(const char* name, const BatchView<T>& b) {
     if (b.rows > 1) dims[n++] = {b.row_stride, b.rows};
     if (b.batch > 1) dims[n++] = {b.batch_stride, b.batch};
     if (n == 2 && dims[1].first < dims[0].first) std::swap(dims[0], dims[1]);
-    const std::string layout = " (row stride " + std::to_string(b.row_stride) + ", batch stride " +
-                               std::to_string(b.batch_stride) + ", " + std::to_string(b.cols) + " columns)";
-    if (n >= 1 && dims[0].first < b.cols) fail(std::string(name) + " rows overlap each other" + layout);
-    if (n == 2 && dims[1].first < (dims[0].second - 1) * dims[0].first + b.cols)
-        fail(std::string(name) + " rows overlap each other" + layout);
+    const bool overlap = (n >= 1 && dims[0].first < b.cols) ||
+                         (n == 2 && dims[1].first < (dims[0].second - 1) * dims[0].first + b.cols);
+    if (overlap)
+        fail(std::string(name) + " rows overlap each other (row stride " + std::to_string(b.row_stride) + ", batch stride " +
+             std::to_string(b.batch_stride) + ", " + std::to_string(b.cols) + " columns)");
 }
 
 // Half-open byte ranges [first, last) touched by two spans of elements; true if they intersect.

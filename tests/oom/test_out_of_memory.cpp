@@ -455,18 +455,18 @@ TEST_F(OutOfMemory, ConstructorSmallWeights) { run_constructor_case("constructor
 
 // mha/workspace.hpp: "With a Workspace passed to forward, the call allocates nothing". Then no budget
 // can make it fail: with malloc's free memory drained and no address space to spare it must succeed.
-// DISABLED: today validation allocates (10 operator new calls here): lib/core/validate.hpp builds error
-// texts before knowing there is an error (batch_extent's checked_madd names, check_rows_disjoint's
-// layout), so at budget 0 the call throws std::bad_alloc. Enable once fixed. (Boolean masks, which
-// AttentionPlan converts into vectors, and a thread count other than the current arena's, which builds
-// a task_arena, allocate too; this case uses neither.)
-TEST_F(OutOfMemory, DISABLED_WorkspaceForwardNeedsNoMemory) {
+// (Validation builds its error texts only on failure; boolean masks are read in place. A thread count
+// other than the current arena's makes oneTBB build a task_arena; this case uses the current one.)
+TEST_F(OutOfMemory, WorkspaceForwardNeedsNoMemory) {
     const std::size_t E = 64, H = 4, B = 2, L = 96;
     const Weights w(E);
     const mha::MultiheadAttention m(w.get(), E, H);
     const std::vector<float> query = uniform(B * L * E, 1.0f, 7);
+    std::vector<std::uint8_t> padding(B * L, 0);
+    for (std::size_t j = 0; j < B * L; j += 5) padding[j] = 1;
     mha::AttentionInputs in;
     in.query = mha::ConstBatch(query.data(), B, L, E);
+    in.key_padding_mask = mha::MaskView::boolean(padding.data(), B, L);
     Guarded out(B * L * E);
     const mha::AttentionOutputs outs{mha::Batch(out.data(), B, L, E)};
     mha::Workspace ws(m.workspace_bytes(in));
