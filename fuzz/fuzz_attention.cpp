@@ -286,13 +286,16 @@ struct Call {
             case Corruption::heads_do_not_divide:  // applied to the constructor
             case Corruption::count:
                 break;
+            // Inputs may use any strides; the output's rows must not overlap each other.
             case Corruption::row_stride_too_small:
-                in.query.row_stride = in.query.cols - 1;  // cols >= 1; stride 0 when cols == 1
+                out.output.row_stride = out.output.cols - 1;  // cols >= 1; stride 0 when cols == 1
+                // One output row cannot overlap itself: then claim two rows (a shape the call must refuse).
+                out.output.rows = std::max<std::size_t>(out.output.rows, 2);
                 break;
             case Corruption::batch_stride_too_small:
-                in.query.batch = std::max<std::size_t>(in.query.batch, 2);  // only checked with more than one matrix
-                in.query.batch_stride = (in.query.rows - 1) * in.query.row_stride + in.query.cols - 1;
-                out.output.batch = in.query.batch;
+                out.output.batch = std::max<std::size_t>(out.output.batch, 2);  // needs more than one matrix
+                out.output.batch_stride = (out.output.rows - 1) * out.output.row_stride + out.output.cols - 1;
+                in.query.batch = out.output.batch;
                 break;
             case Corruption::output_overlaps_query:
                 // Output aliases the query (a writable buffer, so a wrong write shows up as a change).

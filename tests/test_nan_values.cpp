@@ -14,15 +14,12 @@
 
 #include <mha/mha.hpp>
 
+#include "attention_test_util.hpp"
+
 namespace {
 
-std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<float> dist(-bound, bound);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(gen);
-    return v;
-}
+// Uniform in [-bound, bound).
+std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) { return mha_test::random_floats(n, -bound, bound, seed); }
 
 struct Path {
     const char* name;

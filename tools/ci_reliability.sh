@@ -46,7 +46,8 @@ asan() {
   local b=${prefix}asan
   CXX=g++ cmake -S . -B "$b" -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_BUILD_BENCH=OFF &&
     cmake --build "$b" -j "$jobs" &&
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       ctest --test-dir "$b" --output-on-failure -j "$jobs" -E '^consumer_links_installed_library'
   # consumer_links_installed_library(_cxx17) is skipped here: it links the installed (instrumented) libmha.a
   # into an outside project built without -fsanitize, which cannot link. The main suite runs it.

@@ -78,8 +78,9 @@ struct Gemm {
     static void scale_only(float beta, const float* bias, Matrix c) noexcept {
         for (std::size_t i = 0; i < c.rows; ++i)
             for (std::size_t j = 0; j < c.cols; ++j) {
-                const float v = beta == 0.0f ? 0.0f : beta * c(i, j);
-                c(i, j) = bias != nullptr ? v + bias[j] : v;
+                float& cij = c.data[i * c.stride + j];
+                const float v = beta == 0.0f ? 0.0f : beta * cij;
+                cij = bias != nullptr ? v + bias[j] : v;
             }
     }
 
@@ -178,7 +179,8 @@ struct Gemm {
         for (std::size_t kb = 0; kb < nkb; ++kb) {
             // Each k-block is a set of panels of kc rows (panel stride kc·NR) starting at pc·pitch.
             const std::size_t pc = kblock_start(kb, dst.k, nkb), kc = kblock_start(kb + 1, dst.k, nkb) - pc;
-            const ConstMatrix rows = tr ? b.columns(pc, kc) : b.row_block(pc, kc);
+            const ConstMatrix rows = tr ? ConstMatrix(b.data + pc, b.rows, kc, b.stride)
+                                        : ConstMatrix(b.data + pc * b.stride, kc, b.cols, b.stride);
             pack_panels(rows, tb, data + pc * dst.pitch + dst.panel0 * kc * NR, kc * NR);
         }
     }

@@ -107,14 +107,17 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     constexpr std::size_t W = B::size;
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
-    const bool z_is_x = scale == 1.0f && !mask0.present() && !mask1.present();
+    // Fields read directly, not through MaskRow's inline members (nothing inline is shared with baseline code).
+    const bool has0 = mask0.values != nullptr || mask0.bools != nullptr;
+    const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
+    const bool z_is_x = scale == 1.0f && !has0 && !has1;
     const B vscale(scale);
     auto z_at = [&](std::size_t j) noexcept {
         B z = B::load_unaligned(x + j);
         if (z_is_x) return z;
         z *= vscale;
-        if (mask0.present()) z += mask_at(arch, mask0, j);
-        if (mask1.present()) z += mask_at(arch, mask1, j);
+        if (has0) z += mask_at(arch, mask0, j);
+        if (has1) z += mask_at(arch, mask1, j);
         z.store_unaligned(x + j);
         return z;
     };
@@ -127,8 +130,8 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
         B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
-        if (mask0.present()) z += mask_at(arch, mask0, body, tail);
-        if (mask1.present()) z += mask_at(arch, mask1, body, tail);
+        if (has0) z += mask_at(arch, mask0, body, tail);
+        if (has1) z += mask_at(arch, mask1, body, tail);
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
         const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));

@@ -30,6 +30,8 @@
 
 #include <mha/mha.hpp>
 
+#include "../attention_test_util.hpp"
+
 #if defined(__SANITIZE_ADDRESS__)
 #define MHA_OOM_ASAN 1
 #elif defined(__has_feature)
@@ -272,13 +274,8 @@ void report(const char* name, const Tally& t, const char* what, std::size_t byte
 
 // ---- problems ----------------------------------------------------------------------------------------------
 
-std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<float> dist(-bound, bound);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(gen);
-    return v;
-}
+// Uniform in [-bound, bound).
+std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) { return mha_test::random_floats(n, -bound, bound, seed); }
 
 struct Weights {
     std::vector<float> in_w, in_b, out_w, out_b, gamma, beta;

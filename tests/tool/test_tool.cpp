@@ -30,52 +30,16 @@
 
 #include "../compare_util.hpp"
 #include "npy.hpp"
-
-extern char** environ;
+#include "tool_process.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using Shape = std::vector<std::size_t>;
 
-struct Result {
-    int exit_code = -1;
-    std::string out, err;
-};
-
-std::string read_text(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Runs `mha args...` with stdout and stderr captured in files under capture_dir.
-Result run_tool(const std::vector<std::string>& args, const fs::path& capture_dir) {
-    fs::create_directories(capture_dir);
-    const std::string out_path = (capture_dir / "stdout").string(), err_path = (capture_dir / "stderr").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> argv_strings{MHA_TOOL_PATH};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    const int spawn_rc = posix_spawn(&pid, MHA_TOOL_PATH, &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    Result r;
-    if (spawn_rc != 0) {
-        ADD_FAILURE() << "cannot start " << MHA_TOOL_PATH << ": " << std::strerror(spawn_rc);
-        return r;
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = read_text(out_path);
-    r.err = read_text(err_path);
-    return r;
-}
+using mha_tool_test::Result;
+using mha_tool_test::read_text;
+using mha_tool_test::run_tool;
 
 // Bytes of a .npy file with any header (NumPy's layout: dict, space padding, '\n').
 std::vector<std::uint8_t> npy_bytes(const std::string& descr, const std::string& shape_tuple, const void* data,
