@@ -204,9 +204,9 @@ TEST(Adversarial, InputsUpTo1e4StayFinite) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// NaN confinement. Masking does not confine a NaN in a key/value row: a masked key still takes part
-// in P·V with probability 0, and 0·NaN = NaN (IEEE; PyTorch does the same). What is provable is what
-// a row does not read at all:
+// NaN confinement. (A masked key never contributes, even with a NaN key or value row: that rule has its
+// own test, tests/test_nan_values.cpp. These tests use no masks.) What is provable is what a row does
+// not read at all:
 //   - query row (b, i) feeds only Q row i → scores row i → output row i (cross-attention: K and V do
 //     not come from the query), so every other output row must be bitwise what it is without the NaN;
 //   - a key or value row of batch b feeds only batch b, so the other batches must be bitwise unchanged;
@@ -295,7 +295,7 @@ TEST(Adversarial, NaNOrInfQueryRowGivesNaNOutputRow) {
 // +inf or NaN in an additive mask is not rejected (checking would cost a pass over the mask): the rows
 // it is added to become NaN (z = +inf makes exp(z − max) = exp(inf − inf) = NaN; a NaN z makes the sum
 // NaN), and no other row changes. A 2-D attn_mask element (i, j) feeds row i of every batch and head; a
-// key_padding_mask element (b, j) feeds every row of batch b.
+// key_padding_mask element (b, j) feeds every row of batch b whose attn_mask does not mask key j.
 TEST(Adversarial, PlusInfOrNaNInAdditiveMaskPoisonsOnlyItsRows) {
     Problem p = mha_test::random_problem(16, 2, 2, 5, 300, true, 23);  // Lk = 300: two fused key tiles
     p.attn_mask = mha_test::random_float_mask({5, 300}, 0.1, 24);
@@ -321,7 +321,16 @@ TEST(Adversarial, PlusInfOrNaNInAdditiveMaskPoisonsOnlyItsRows) {
             dirty.key_padding_mask.values[1 * 300 + 5] = bad;  // batch 1, key 5
             r = run(attention, dirty, c);
             expect_rows_unchanged(clean, r, p, 1, p.Lq);
-            for (std::size_t i = 0; i < p.Lq * p.E; ++i) ASSERT_TRUE(std::isnan(r.output[1 * p.Lq * p.E + i])) << i;
+            // Batch 1: NaN in every row, except rows whose attn_mask already masks key 5 (-inf): a masked
+            // key never contributes, so those rows are bitwise what they were.
+            for (std::size_t i = 0; i < p.Lq; ++i) {
+                const std::size_t at = (1 * p.Lq + i) * p.E;
+                if (p.attn_mask.values[i * 300 + 5] == -kInf) {
+                    ASSERT_TRUE(bitwise_equal(&clean.output[at], &r.output[at], p.E)) << "masked row " << i;
+                    continue;
+                }
+                for (std::size_t e = 0; e < p.E; ++e) ASSERT_TRUE(std::isnan(r.output[at + e])) << "row " << i << " e " << e;
+            }
         }
     }
 }

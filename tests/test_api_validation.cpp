@@ -406,6 +406,31 @@ TEST_F(ForwardValidation, AttnWeightsOverlapBoolAttnMask) {
     expect_rejected("attn_weights [48 floats] overlaps attn_mask");
 }
 
+TEST_F(ForwardValidation, OutputOverlapsMask) {
+    // The output written over the float attn_mask it is computed from (batch 1's rows are read after
+    // batch 0's output is written by the reference).
+    std::vector<float> shared(B * H * Lq * Lk + B * Lq * E, 0.0f);
+    in.attn_mask = MaskView::additive(shared.data(), B * H, Lq, Lk);
+    out.output = Batch(shared.data() + 8, B, Lq, E);
+    expect_rejected("output overlaps attn_mask");
+    EXPECT_TRUE(all_equal(shared, 0.0f));
+}
+
+TEST_F(ForwardValidation, ScalarBuffersOverflowWithBroadcastInputs) {
+    // Inputs may repeat one row (stride 0), so Lq and Lk are not bounded by real memory; the output view
+    // is valid address arithmetic (never touched). The scalar backend's [Lq, Lk] scores (2^80 floats)
+    // must be refused, not wrapped; the SIMD backend's scratch (2^49 bytes) cannot be allocated.
+    const std::size_t L = std::size_t{1} << 40;
+    in.query = ConstBatch(query.data(), B, L, E, 0, 0);
+    in.key = in.value = mha::ConstBatch();
+    out.output = Batch(output.data(), B, L, E, E, L * E);
+    opt.backend = Backend::scalar;
+    expect_invalid([&] { attention.forward(in, out, opt); }, "the scalar backend's scores overflows the address space");
+    opt.backend = Backend::simd;
+    EXPECT_THROW(attention.forward(in, out, opt), std::bad_alloc);
+    EXPECT_TRUE(all_equal(output, kSentinel));
+}
+
 TEST_F(ForwardValidation, NeedWeightsRangeCheckedFirst) {
     // An out-of-range need_weights with a null attn_weights: the range is reported, not the pointer
     // (the value is checked before it is used to size anything).

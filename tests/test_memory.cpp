@@ -151,6 +151,26 @@ TEST(Memory, WorkspaceGivesTheSameResultAndIsChecked) {
     }
 }
 
+TEST(Memory, BorrowedWorkspaceMustNotOverlapTheTensors) {
+    const std::size_t E = 32, B = 1, L = 8;
+    const Weights w(E);
+    const mha::MultiheadAttention m(w.get(), E, 2);
+    mha::AttentionInputs in;
+    std::vector<float> q(B * L * E, 0.5f);
+    in.query = mha::ConstBatch(q.data(), B, L, E);
+    const std::size_t need = m.workspace_bytes(in);
+    // One buffer holds the query and, after it, the workspace: a workspace that starts inside the query
+    // would overwrite it while projecting.
+    std::vector<float> shared(B * L * E + need / sizeof(float) + 16, 0.25f);
+    in.query = mha::ConstBatch(shared.data(), B, L, E);
+    mha::Workspace overlapping(shared.data() + 4, need);
+    std::vector<float> out(B * L * E, -3.0f);
+    EXPECT_THROW(m.forward(in, {mha::Batch(out.data(), B, L, E)}, {}, overlapping), mha::invalid_argument);
+    for (float x : out) ASSERT_EQ(x, -3.0f);
+    mha::Workspace after(shared.data() + B * L * E, need + 16 * sizeof(float) - 1);
+    EXPECT_NO_THROW(m.forward(in, {mha::Batch(out.data(), B, L, E)}, {}, after));
+}
+
 TEST(Memory, WorkspaceBytesFollowsShapeAndPath) {
     const std::size_t E = 64;
     const Weights w(E);

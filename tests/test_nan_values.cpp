@@ -1,8 +1,8 @@
 // The masking rule for non-finite values (mha/attention.hpp): a key masked for a query (boolean mask,
-// additive -inf, or causal) never contributes to that query's output, even when its value row is NaN or
-// ±inf, on every path — the scalar reference, the SIMD materialized path, the SIMD fused path (which
+// additive -inf, or causal) never contributes to that query's output, even when its key or value row is
+// NaN or ±inf (so its score is NaN or ±inf), on every path — the scalar reference, the SIMD materialized path, the SIMD fused path (which
 // also skips fully padded and causal tiles) — and on every ISA. Oracle: the same call with those value
-// rows replaced by finite numbers must give the same rows for every query that has all of them masked;
+// and key rows replaced by finite numbers must give the same rows for every query that has all of them masked;
 // every query that sees one of them gets a non-finite row.
 #include <gtest/gtest.h>
 
@@ -57,11 +57,14 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
     const auto in_w = uniform(3 * E * E, w, 1), in_b = uniform(3 * E, w, 2), out_w = uniform(E * E, w, 3),
                out_b = uniform(E, w, 4);
     const mha::MultiheadAttention m({in_w.data(), in_b.data(), out_w.data(), out_b.data()}, E, H);
-    const auto query = uniform(B * lq * E, 1.0f, 5), key = uniform(B * Lk * E, 1.0f, 6);
+    const auto query = uniform(B * lq * E, 1.0f, 5);
+    // The bad keys' value rows AND key rows are non-finite: a masked key's score (NaN or ±inf here) must
+    // not matter either, including where the fused path skips a whole padded tile.
     auto value_bad = uniform(B * Lk * E, 1.0f, 7), value_finite = value_bad;
+    auto key_bad = uniform(B * Lk * E, 1.0f, 6), key_finite = key_bad;
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t j : bad_keys)
-            for (std::size_t e = 0; e < E; ++e) value_bad[(b * Lk + j) * E + e] = c.bad;
+            for (std::size_t e = 0; e < E; ++e) value_bad[(b * Lk + j) * E + e] = key_bad[(b * Lk + j) * E + e] = c.bad;
 
     // Masks: which (b, i) rows have every bad key masked.
     std::vector<std::uint8_t> pad_bool(B * Lk, 0), am_bool(lq * Lk, 0);
@@ -69,7 +72,6 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
     std::vector<int> all_bad_masked(B * lq, 0);
     mha::AttentionInputs in;
     in.query = mha::ConstBatch(query.data(), B, lq, E);
-    in.key = mha::ConstBatch(key.data(), B, Lk, E);
     const float inf = std::numeric_limits<float>::infinity();
     switch (c.kind) {
         case Kind::padding_bool:
@@ -114,8 +116,9 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
     mha::ForwardOptions opt;
     opt.causal = causal;
 
-    auto run = [&](const std::vector<float>& value, const Path& path) {
+    auto run = [&](const std::vector<float>& key, const std::vector<float>& value, const Path& path) {
         mha::AttentionInputs call = in;
+        call.key = mha::ConstBatch(key.data(), B, Lk, E);
         call.value = mha::ConstBatch(value.data(), B, Lk, E);
         std::vector<float> out(B * lq * E);
         mha::ForwardOptions o = opt;
@@ -126,7 +129,7 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
     };
 
     // The oracle: the scalar reference with finite values, for the rows that must not see the bad keys.
-    const std::vector<float> want = run(value_finite, kPaths[0]);
+    const std::vector<float> want = run(key_finite, value_finite, kPaths[0]);
     double scale = 0.0;
     for (float x : want) scale = std::max(scale, double(std::fabs(x)));
     const mha::Isa detected = mha::detected_isa();
@@ -135,7 +138,7 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
             if (path.backend == mha::Backend::scalar && isa > 0) continue;
             mha::set_isa_cap(static_cast<mha::Isa>(isa));
             SCOPED_TRACE(std::string(path.name) + " " + std::string(mha::isa_name(static_cast<mha::Isa>(isa))));
-            const std::vector<float> got = run(value_bad, path);
+            const std::vector<float> got = run(key_bad, value_bad, path);
             std::size_t finite_rows = 0, poisoned_rows = 0;
             for (std::size_t r = 0; r < B * lq; ++r) {
                 if (all_bad_masked[r]) {

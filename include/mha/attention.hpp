@@ -8,11 +8,12 @@
 //   out = C·Woᵀ + bo;  with ForwardOptions::norm_eps set: out = LayerNorm(out + query).
 //   A query row whose keys are all masked gets zero probabilities, so its output row is bo
 //   (PyTorch gives NaN there).
-//   A key masked for a query (a boolean mask entry set, an additive -inf, or causal j > i) never
-//   contributes to that query's context, even where its value row holds NaN or ±inf: C_h sums p·v over
-//   the unmasked keys only (as flash-attention kernels, which skip masked keys; PyTorch's 0·NaN gives
-//   NaN). Every backend and path follows this rule, including the fused path's skipped tiles. A NaN score
-//   (NaN in Q or K, or in an additive mask) makes that query's probabilities NaN on every path.
+//   A key masked for a query (a boolean mask entry set, an additive -inf in either mask, or causal
+//   j > i) never contributes to that query: its score is -inf whatever Q·K gave (NaN included) and C_h
+//   sums p·v over the unmasked keys only, so NaN or ±inf in its key or value row does not matter (as in
+//   flash-attention kernels, which skip masked keys; PyTorch gives NaN there). Every backend and path
+//   follows this rule, including the fused path's skipped tiles. A NaN score of an unmasked key (NaN in
+//   Q or K, or NaN / +inf in an additive mask) makes that query's probabilities NaN on every path.
 //   Boolean masks are read in place as bytes (never copied into floats).
 #pragma once
 #include <cstddef>

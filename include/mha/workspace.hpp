@@ -5,8 +5,9 @@
 // of the arena it runs in a score block, an accumulator and GEMM pack buffers (about 2 MB per thread).
 // MultiheadAttention::workspace_bytes says exactly how much one call needs.
 //   - With a Workspace passed to forward, the call allocates nothing: it runs in the workspace or
-//     throws mha::invalid_argument (before writing anything) if the workspace is too small. (oneTBB
-//     itself allocates a task_arena when ForwardOptions::threads differs from the caller's arena.)
+//     throws mha::invalid_argument (before writing anything) if the workspace is too small or overlaps
+//     the call's tensors. (oneTBB has its own memory: its task objects come from pools it keeps, and a
+//     task_arena is built per call when ForwardOptions::threads differs from the caller's arena.)
 //   - Without one, the call leases a block from the process-wide scratch cache: an idle block that is
 //     large enough, else a new one (operator new; std::bad_alloc propagates before any output is
 //     written). When the call returns the block goes back to the cache, unless the cache would then

@@ -77,8 +77,16 @@ struct Carver {
     }
 };
 
-// The ISAs the kernels may run on now (the cap can only lower it): sizes are the largest over them.
+// Sizes are the largest over the ISAs this CPU has (the cap may change between a workspace_bytes query
+// and the call; it can only select one of these). Never asks an ISA the CPU lacks: its functions are
+// compiled for it.
 constexpr Isa kIsas[] = {Isa::sse2, Isa::avx2, Isa::avx512};
+
+// Floats of one head's packed panels: ceil(n / NR) panels of round16(k·NR) floats (PanelMatrix), checked.
+std::size_t panel_floats(Isa isa, std::size_t k, std::size_t n) {
+    const std::size_t nr = simd::PanelMatrix::panel_width(isa);
+    return mul((n + nr - 1) / nr, (mul(k, nr) + 15) / 16 * 16);
+}
 
 }  // namespace
 
@@ -116,8 +124,9 @@ ScratchLayout scratch_layout(std::size_t E, std::size_t H, std::size_t B, std::s
     if (fused) {
         std::size_t key_floats = 0, value_floats = 0;
         for (Isa isa : kIsas) {
-            key_floats = std::max(key_floats, simd::PanelMatrix::floats(isa, Lk, simd::PanelMatrix::min_panel_stride(isa, d)));
-            value_floats = std::max(value_floats, simd::PanelMatrix::floats(isa, d, simd::PanelMatrix::min_panel_stride(isa, Lk)));
+            if (isa > detected_isa()) continue;
+            key_floats = std::max(key_floats, panel_floats(isa, d, Lk));    // K_hᵀ: [d, Lk]
+            value_floats = std::max(value_floats, panel_floats(isa, Lk, d));  // V_h: [Lk, d]
         }
         l.key_panels = c.take(mul(mul(B, H), key_floats));
         l.value_panels = c.take(mul(mul(B, H), value_floats));
@@ -128,6 +137,7 @@ ScratchLayout scratch_layout(std::size_t E, std::size_t H, std::size_t B, std::s
         // per_head writes the probabilities straight into attn_weights.
         scores = need_weights == NeedWeights::per_head ? 0 : mul(kQueryBlock, Lk);
         for (Isa isa : kIsas) {
+            if (isa > detected_isa()) continue;
             // S = Q_h·K_hᵀ: [rows, keys] over d; then P·V_h: [rows, d] over keys.
             const simd::GemmScratchSize qk = simd::gemm_scratch_bound(isa, kQueryBlock, Lk, d, Trans::no, Trans::yes);
             const simd::GemmScratchSize pv = simd::gemm_scratch_bound(isa, kQueryBlock, d, Lk, Trans::no, Trans::no);

@@ -164,6 +164,17 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         detail::overlaps(out.output, in.value))
         fail("output overlaps query, key or value");
     check_masks(in, B, H, Lq, Lk);
+    // The output must not overwrite a mask it is computed from (the reference reads batch b + 1's mask
+    // rows after writing batch b's output).
+    for (const auto& [name, m] : {std::pair<const char*, const MaskView*>{"key_padding_mask", &in.key_padding_mask},
+                                  std::pair<const char*, const MaskView*>{"attn_mask", &in.attn_mask}}) {
+        if (!m->present()) continue;
+        const std::size_t n = mask_elements(*m);
+        const std::size_t o = (B - 1) * out.output.batch_stride + (Lq - 1) * out.output.row_stride + E;
+        if (m->type == MaskType::boolean ? detail::overlaps(out.output.data, o, m->bools, n)
+                                         : detail::overlaps(out.output.data, o, m->values, n))
+            fail(std::string("output overlaps ") + name);
+    }
     if (opt.need_weights != NeedWeights::none) {
         if (out.attn_weights == nullptr) fail("need_weights is set but attn_weights is a null pointer");
         const std::size_t heads = opt.need_weights == NeedWeights::per_head ? H : 1;
@@ -185,7 +196,32 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         }
     }
 
+    if (workspace != nullptr && workspace->data() != nullptr) {
+        // A borrowed workspace must not share memory with anything the call reads or writes.
+        const auto* w = static_cast<const unsigned char*>(workspace->data());
+        const std::size_t wb = workspace->bytes();
+        auto hits = [&](const auto& v) {
+            return detail::overlaps(w, wb, v.data, (v.batch - 1) * v.batch_stride + (v.rows - 1) * v.row_stride + v.cols);
+        };
+        bool overlap = hits(in.query) || hits(in.key) || hits(in.value) || hits(out.output);
+        if (opt.need_weights != NeedWeights::none)
+            overlap = overlap || detail::overlaps(w, wb, out.attn_weights,
+                                                  B * (opt.need_weights == NeedWeights::per_head ? H : 1) * Lq * Lk);
+        for (const MaskView* m : {&in.key_padding_mask, &in.attn_mask})
+            if (m->present())
+                overlap = overlap || (m->type == MaskType::boolean ? detail::overlaps(w, wb, m->bools, mask_elements(*m))
+                                                                   : detail::overlaps(w, wb, m->values, mask_elements(*m)));
+        if (overlap) fail("workspace overlaps an input, an output or a mask");
+    }
+
     if (opt.backend == Backend::scalar) {
+        // The reference's buffers: [Lq|Lk, E] projections and [Lq, Lk] scores (inputs may repeat rows
+        // with stride 0, so Lq and Lk are not bounded by real memory).
+        detail::checked_extent("the scalar backend's projections", static_cast<const float*>(nullptr),
+                               detail::checked_madd(Lq, E, detail::checked_madd(Lk, E, 0, "the scalar backend's", "projections"),
+                                                    "the scalar backend's", "projections"));
+        detail::checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
+                               detail::checked_madd(Lq, Lk, 0, "the scalar backend's", "scores"));
         const State::Unpacked weights = state_->unpacked();  // before anything is written (may throw bad_alloc)
         reference::multihead_attention(weights.weights(*state_), E, H, in, out, opt);
     } else {

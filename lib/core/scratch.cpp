@@ -33,7 +33,9 @@ struct Cache {
 };
 
 Cache& cache() {
-    static Cache c;  // never destroyed before the leases of static objects: constructed on first use
+    // Constructed on first use; a lease held by a static object constructed before that first use would
+    // outlive it (no such object exists in the library).
+    static Cache c;
     return c;
 }
 

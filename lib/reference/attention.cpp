@@ -2,7 +2,8 @@
 // from the reference kernels exactly as mha/attention.hpp writes it. For each batch b:
 //   Q = query_b·Wqᵀ + bq, K = key_b·Wkᵀ + bk, V = value_b·Wvᵀ + bv   ([L, E] each)
 //   for each head h, Qh/Kh/Vh = columns [h·d, h·d + d) viewed with stride E (seed 003's slices):
-//     S = Qh·Khᵀ / sqrt(d); masked entries get their additive value or -inf; P = softmax rows of S
+//     S = Qh·Khᵀ / sqrt(d) + additive masks; masked entries (boolean, -inf, causal) are -inf whatever
+//     the score (a NaN score of a masked key does not poison the row); P = softmax rows of S
 //     C[:, h·d ..] = P·Vh over the keys not masked for that query (masked: boolean, -inf or causal)
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + query_b).
 #include <cmath>
@@ -62,7 +63,7 @@ void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::
                     masked[i * Lk + j] = kp == kMinusInf || am == kMinusInf || (opt.causal && j > i);
                     S(i, j) += kp;
                     S(i, j) += am;
-                    if (opt.causal && j > i) S(i, j) = kMinusInf;
+                    if (masked[i * Lk + j]) S(i, j) = kMinusInf;  // whatever the score was, NaN included
                 }
                 softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
             }

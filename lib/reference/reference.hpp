@@ -14,7 +14,8 @@ namespace mha::reference {
 // C = alpha·op(A)·op(B) + beta·C; beta == 0 does not read C.
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c) noexcept;
 
-// In place on x[0, n): z_j = scale·x_j + mask0_j + mask1_j for j < n_valid (masks may be null);
+// In place on x[0, n): z_j = scale·x_j + mask0_j + mask1_j for j < n_valid (masks may be null), and
+// z_j = -inf where a mask entry is -inf (a masked entry's x does not matter, even NaN);
 // x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, 0 for j >= n_valid.
 // If every z_j is -inf (or n_valid == 0) the whole row becomes 0; if every z_j is -inf or NaN and
 // at least one is NaN, entries below n_valid become NaN (a NaN is never mistaken for a masked row).

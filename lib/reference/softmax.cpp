@@ -1,4 +1,5 @@
-// Scalar reference row softmax: z = scale·x + masks, x = exp(z − max z) / Σ exp(z − max z).
+// Scalar reference row softmax: z = scale·x + masks (z = -inf where a mask is -inf),
+// x = exp(z − max z) / Σ exp(z − max z).
 // Entries at or past n_valid get probability 0; an all -inf row becomes zeros instead of NaN.
 #include <cmath>
 #include <limits>
@@ -7,6 +8,10 @@
 
 namespace mha::reference {
 
+namespace {
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
 void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, const float* mask0,
                  const float* mask1) noexcept {
     float max = -std::numeric_limits<float>::infinity();
@@ -14,6 +19,8 @@ void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, cons
         float z = scale * x[j];
         if (mask0) z += mask0[j];
         if (mask1) z += mask1[j];
+        // A -inf mask entry drops the column whatever x is (a NaN there does not poison the row).
+        if ((mask0 && mask0[j] == kMinusInf) || (mask1 && mask1[j] == kMinusInf)) z = kMinusInf;
         x[j] = z;
         if (z > max) max = z;
     }

@@ -6,7 +6,6 @@
 // (the same k-blocks, in order, one FMA per k) whatever the path (packed or in-place operands, which
 // row panel), so splitting M across threads gives bitwise the same rows.
 #pragma once
-#include <array>
 #include <cassert>
 #include <cstddef>
 #include <utility>
@@ -29,15 +28,22 @@ struct Gemm {
     static constexpr std::size_t MR = Blk::MR, NV = Blk::NV, NR = Blk::NR, W = Blk::W;
     using Kernel = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t,
                             const GemmTileOut&) noexcept;
-    using KernelTable = std::array<std::array<Kernel, MR>, NV>;  // [vectors - 1][rows - 1]
+    // Plain arrays (indexing them calls no std::array member, which the AVX2 and SSE2 TUs would share:
+    // both have MR = 6 and NV = 2).
+    struct KernelRow {
+        Kernel k[MR];  // [rows - 1]
+    };
+    struct KernelTable {
+        KernelRow v[NV];  // [vectors - 1]
+    };
 
     template <ALayout L, std::size_t V, std::size_t... I>
-    static constexpr std::array<Kernel, MR> kernel_rows(std::index_sequence<I...>) {
-        return {&gemm_microkernel<Arch, I + 1, V, L>...};
+    static constexpr KernelRow kernel_rows(std::index_sequence<I...>) {
+        return {{&gemm_microkernel<Arch, I + 1, V, L>...}};
     }
     template <ALayout L, std::size_t... V>
     static constexpr KernelTable kernel_table(std::index_sequence<V...>) {
-        return {kernel_rows<L, V + 1>(std::make_index_sequence<MR>{})...};
+        return {{kernel_rows<L, V + 1>(std::make_index_sequence<MR>{})...}};
     }
     static constexpr KernelTable kernels_col = kernel_table<ALayout::col_panel>(std::make_index_sequence<NV>{});
     static constexpr KernelTable kernels_row = kernel_table<ALayout::row_major>(std::make_index_sequence<NV>{});
@@ -69,7 +75,7 @@ struct Gemm {
             const std::size_t n = min_size(NR, nc - j0);
             const bool edge = n < NR && b.edge != nullptr;
             const GemmTileOut out{c + j0, ldc, n, alpha, beta, bias != nullptr ? bias + j0 : nullptr};
-            table[(n + W - 1) / W - 1][m - 1](kc, a, lda, edge ? b.edge : b.base + jr * b.panel_step,
+            table.v[(n + W - 1) / W - 1].k[m - 1](kc, a, lda, edge ? b.edge : b.base + jr * b.panel_step,
                                               edge ? NR : b.ldb, out);
         }
     }

@@ -18,11 +18,11 @@ float softmax_tile_online_kernel::operator()(Arch arch, float* x, std::size_t n,
     const float tile_max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
     const float m = tile_max > running_max ? tile_max : running_max;
     running_max = m;
-    if (m == -std::numeric_limits<float>::infinity()) {
+    if (m == softmax_detail::kNegInf) {
         // Nothing finite yet: a masked tile contributes 0, but a NaN score must not vanish as if masked.
         const bool has_nan = softmax_detail::any_nan(arch, x, n_valid);
         softmax_detail::fill(arch, x, n, 0.0f);
-        return has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+        return has_nan ? softmax_detail::kNaN : 0.0f;
     }
     const float sum = softmax_detail::exp_sum(arch, x, n_valid, m);
     softmax_detail::fill(arch, x + n_valid, n - n_valid, 0.0f);

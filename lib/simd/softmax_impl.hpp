@@ -29,18 +29,17 @@ void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t 
     using row_detail::load_head;
     using row_detail::store_head;
     constexpr std::size_t W = B::size;
-    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     const std::size_t body = n_valid - n_valid % W;  // whole batches; the rest is the tail
     const std::size_t tail = n_valid - body;
 
     // Pass 1: z (stored over x unless z = x) and its max.
     const float max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
 
-    if (max == neg_inf) {
+    if (max == softmax_detail::kNegInf) {
         // Every z is -inf or NaN (or n_valid == 0). Fully masked: the row is 0. But a NaN must not
         // vanish into a "masked" row: if any z is NaN the valid entries become NaN (a rare branch).
         const bool has_nan = softmax_detail::any_nan(arch, x, n_valid);
-        const B fill(has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+        const B fill(has_nan ? softmax_detail::kNaN : 0.0f);
         std::size_t j = 0;
         for (; j + W <= n_valid; j += W) fill.store_unaligned(x + j);
         if (j < n_valid) store_head(arch, fill, x + j, n_valid - j);

@@ -1,7 +1,7 @@
 // Math shared by the softmax kernels (row softmax and the fused path's online tile softmax): the largest
 // lane, exp(d) for the d = z − max <= 0 of a softmax, and the two passes both kernels make over a row
-// (z and its max; exp and its sum). Included only by per-ISA kernel TUs; every
-// helper is a template on Arch or exists only in the AVX-512 TU (no weak symbol shared across ISAs).
+// (z and its max; exp and its sum). Included only by per-ISA kernel TUs; every helper is a template on
+// Arch or an overload for one Arch, called only from that Arch's TU (no weak symbol shared across ISAs).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +13,11 @@
 namespace mha::simd::softmax_detail {
 
 using row_detail::batch;
+
+// Compile-time constants (no numeric_limits call is emitted in an ISA TU, even at -O0).
+inline constexpr float kInf = __builtin_inff();
+inline constexpr float kNegInf = -__builtin_inff();
+inline constexpr float kNaN = __builtin_nanf("");
 
 // Lane numbers, to build the "lane < k" mask of a tail.
 alignas(64) inline constexpr float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -69,19 +74,19 @@ inline batch<arch_sse2> bool_mask_additive(arch_sse2, const std::uint8_t* p) noe
     const __m128i zero = _mm_setzero_si128();
     const __m128i b32 = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(bytes), zero), zero);
     const __m128i is_zero = _mm_cmpeq_epi32(b32, zero);
-    return _mm_andnot_ps(_mm_castsi128_ps(is_zero), _mm_set1_ps(-std::numeric_limits<float>::infinity()));
+    return _mm_andnot_ps(_mm_castsi128_ps(is_zero), _mm_set1_ps(-kInf));
 }
 #if defined(__AVX2__)
 inline batch<arch_avx2> bool_mask_additive(arch_avx2, const std::uint8_t* p) noexcept {
     const __m256i b32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i is_zero = _mm256_cmpeq_epi32(b32, _mm256_setzero_si256());
-    return _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), _mm256_set1_ps(-std::numeric_limits<float>::infinity()));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), _mm256_set1_ps(-kInf));
 }
 #endif
 #if defined(__AVX512F__)
 inline batch<arch_avx512> bool_mask_additive(arch_avx512, const std::uint8_t* p) noexcept {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_maskz_mov_ps(_mm_test_epi8_mask(b, b), _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    return _mm512_maskz_mov_ps(_mm_test_epi8_mask(b, b), _mm512_set1_ps(-kInf));
 }
 #endif
 
@@ -105,23 +110,29 @@ template <class Arch>
 float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size;
-    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    
     const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
     // Fields read directly, not through MaskRow's inline members (nothing inline is shared with baseline code).
     const bool has0 = mask0.values != nullptr || mask0.bools != nullptr;
     const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
     const bool z_is_x = scale == 1.0f && !has0 && !has1;
     const B vscale(scale);
+    // A masked entry (-inf in either mask) is -inf whatever the score: a masked key's score never
+    // matters, so a NaN there does not poison the row (as when the fused path skips a padded tile).
+    auto apply_masks = [&](B z, const B& m0, const B& m1) noexcept {
+        if (!has0 && !has1) return z;
+        if (has0) z += m0;
+        if (has1) z += m1;
+        return xsimd::select((m0 == B(kNegInf)) | (m1 == B(kNegInf)), B(kNegInf), z);
+    };
     auto z_at = [&](std::size_t j) noexcept {
         B z = B::load_unaligned(x + j);
         if (z_is_x) return z;
-        z *= vscale;
-        if (has0) z += mask_at(arch, mask0, j);
-        if (has1) z += mask_at(arch, mask1, j);
+        z = apply_masks(z * vscale, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
         z.store_unaligned(x + j);
         return z;
     };
-    B max_a(neg_inf), max_b(neg_inf);
+    B max_a(kNegInf), max_b(kNegInf);
     std::size_t j = 0;
     for (; j + 2 * W <= body; j += 2 * W) {
         max_a = xsimd::max(z_at(j), max_a);
@@ -129,13 +140,12 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     }
     for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
-        B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
-        if (has0) z += mask_at(arch, mask0, body, tail);
-        if (has1) z += mask_at(arch, mask1, body, tail);
+        B z = apply_masks(vscale * row_detail::load_head(arch, x + body, tail, 0.0f),
+                          has0 ? mask_at(arch, mask0, body, tail) : B(0.0f), has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
         const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));
-        max_b = xsimd::max(xsimd::select(in_tail, z, B(neg_inf)), max_b);
+        max_b = xsimd::max(xsimd::select(in_tail, z, B(kNegInf)), max_b);
     }
     return reduce_max(arch, xsimd::max(max_a, max_b));
 }
@@ -177,7 +187,7 @@ float exp_sum(Arch arch, float* x, std::size_t n_valid, float max) noexcept {
         sum_a += e;
     }
     if (tail != 0) {
-        const B e = exp_nonpositive(arch, row_detail::load_head(arch, x + body, tail, -std::numeric_limits<float>::infinity()) - vmax);
+        const B e = exp_nonpositive(arch, row_detail::load_head(arch, x + body, tail, -kInf) - vmax);
         row_detail::store_head(arch, e, x + body, tail);
         sum_b += e;
     }
