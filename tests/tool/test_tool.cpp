@@ -95,31 +95,15 @@ std::vector<float> random_floats(std::size_t n, float amplitude, std::mt19937& r
     return v;
 }
 
-std::set<std::string> listing(const fs::path& dir) {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-    return names;
-}
+using mha_tool_test::listing;
 
 // max_abs, max_abs_diff: tests/compare_util.hpp (NaN, ±inf or a size mismatch give NaN, which fails
 // every EXPECT_LE; an all-NaN output used to pass here through std::max).
 using mha_test::max_abs;
 using mha_test::max_abs_diff;
 
-class ToolTest : public ::testing::Test {
+class ToolTest : public mha_tool_test::ToolDirTest {
 protected:
-    void SetUp() override {
-        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-        base_ = fs::temp_directory_path() / ("mha_tool_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-                                             std::to_string(::getpid()));
-        fs::remove_all(base_);
-        dir_ = base_ / "in";
-        fs::create_directories(dir_);
-    }
-    void TearDown() override {
-        if (!HasFailure()) fs::remove_all(base_);  // kept on failure, for a look
-    }
-    Result mha(const std::vector<std::string>& args) { return run_tool(args, base_ / "capture"); }
 
     // A valid self-attention case in dir_: query [B, L, E] (or [L, E] when B == 0), weights, biases.
     void write_valid_case(std::size_t B, std::size_t L, std::size_t E) {
@@ -150,7 +134,6 @@ protected:
         expect_failure(args, needle);
     }
 
-    fs::path base_, dir_;
 };
 
 // --- mha run: results ----------------------------------------------------------------------------

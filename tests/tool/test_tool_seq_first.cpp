@@ -41,11 +41,7 @@ using mha_tool_test::Result;
 using mha_tool_test::read_text;
 using mha_tool_test::run_tool;
 
-std::set<std::string> listing(const fs::path& dir) {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-    return names;
-}
+using mha_tool_test::listing;
 
 // [d0, d1, E] → [d1, d0, E]: swaps the two leading axes (batch-first ↔ sequence-first).
 std::vector<float> swap_leading_axes(const std::vector<float>& v, const Shape& s) {
@@ -78,20 +74,8 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
 }
 
-class SeqFirstToolTest : public ::testing::Test {
+class SeqFirstToolTest : public mha_tool_test::ToolDirTest {
 protected:
-    void SetUp() override {
-        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-        base_ = fs::temp_directory_path() / ("mha_tool_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-                                             std::to_string(::getpid()));
-        fs::remove_all(base_);
-        dir_ = base_ / "in";
-        fs::create_directories(dir_);
-    }
-    void TearDown() override {
-        if (!HasFailure()) fs::remove_all(base_);  // kept on failure, for a look
-    }
-    Result mha(const std::vector<std::string>& args) { return run_tool(args, base_ / "capture"); }
 
     // A valid case in dir_: query in `query_shape`, random weights for E = query_shape.back().
     void write_case(const Shape& query_shape) {
@@ -124,7 +108,6 @@ protected:
         EXPECT_FALSE(fs::exists(dir_ / "output.npy"));
     }
 
-    fs::path base_, dir_;
 };
 
 // Fixtures with masks, cross-attention (Lq ≠ Lk), causal, a 3-D attn_mask, averaged weights (whose

@@ -1,5 +1,5 @@
 // Runs the real `mha` binary (MHA_TOOL_PATH) for the tool tests: arguments in, exit code and the captured
-// stdout/stderr out. Shared by tests/tool/test_tool*.cpp.
+// stdout/stderr out; a test fixture with its own temporary folder. Shared by tests/tool/test_tool*.cpp.
 #pragma once
 #include <fcntl.h>
 #include <spawn.h>
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,5 +60,31 @@ inline Result run_tool(const std::vector<std::string>& args, const fs::path& cap
     r.err = read_text(err_path);
     return r;
 }
+
+// The names in a folder.
+inline std::set<std::string> listing(const fs::path& dir) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+}
+
+// A test with its own temporary folder: base_ (removed unless the test failed, for a look) and dir_ =
+// base_/in for the input files; mha(args) runs the tool with its output captured under base_.
+class ToolDirTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+        base_ = fs::temp_directory_path() / ("mha_tool_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+                                             std::to_string(::getpid()));
+        fs::remove_all(base_);
+        dir_ = base_ / "in";
+        fs::create_directories(dir_);
+    }
+    void TearDown() override {
+        if (!HasFailure()) fs::remove_all(base_);
+    }
+    Result mha(const std::vector<std::string>& args) { return run_tool(args, base_ / "capture"); }
+    fs::path base_, dir_;
+};
 
 }  // namespace mha_tool_test
