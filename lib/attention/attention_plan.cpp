@@ -37,11 +37,6 @@ simd::MaskRow mask_row(const MaskView& m) {
     return m.type == MaskType::boolean ? simd::MaskRow(m.bools) : simd::MaskRow(m.values);
 }
 
-bool entry_masked(const simd::MaskRow& m, std::size_t at) {
-    if (m.bools != nullptr) return m.bools[at] != 0;
-    return m.values != nullptr && m.values[at] == -std::numeric_limits<float>::infinity();
-}
-
 // Any of x[0, n) is NaN or ±inf: its exponent bits are all set. SSE2 (the x86-64 baseline), four at a time:
 // ((bits & exponent) + 2^23) has its top bit set exactly when the exponent field is all ones.
 bool any_nonfinite(const float* x, std::size_t n) {
@@ -192,7 +187,19 @@ AttentionPlan::AttentionPlan(const MultiheadAttention::State& st, const Attentio
 }
 
 bool AttentionPlan::key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept {
-    return (causal && j > i) || entry_masked(key_padding_row(b), j) || entry_masked(attn_mask_row(b, h, i), j);
+    return (causal && j > i) || key_padding_row(b).masked(j) || attn_mask_row(b, h, i).masked(j);
+}
+
+void AttentionPlan::accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
+                                        Matrix o) const noexcept {
+    const std::size_t d = head_dim;
+    const ConstMatrix v = V[b].columns(h * d, d);
+    for (std::size_t r = 0; r < probs.rows; ++r)
+        for (std::size_t j = 0; j < probs.cols; ++j) {
+            if (key_masked(b, h, i0 + r, j0 + j)) continue;
+            const float pj = probs(r, j);
+            for (std::size_t col = 0; col < d; ++col) o(r, col) += pj * v(j0 + j, col);
+        }
 }
 
 void AttentionPlan::check_values() const {

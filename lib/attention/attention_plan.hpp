@@ -92,6 +92,10 @@ struct AttentionPlan {
     }
     // Sets the value flags from V (after project_inputs), parallel over batch × head. Call inside the arena.
     void check_values() const;
+    // o[r, :] += Σ_j probs[r, j]·V_h[j0 + j, :] over the keys j0 + j not masked for query i0 + r: the P·V
+    // of a head whose values are not all finite (0·NaN must not reach o). Plain loops: a rare path.
+    void accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
+                             Matrix o) const noexcept;
 
     // Q, K, V = projections of the inputs (bias fused), parallel over row blocks. Call inside the arena.
     void project_inputs(const MultiheadAttention::State& st, const AttentionInputs& in) const;

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <limits>
 
 #include "../simd/simd.hpp"
@@ -22,8 +21,9 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 // Every key of a padding row is masked (nonzero byte or additive -inf).
 bool all_masked(const simd::MaskRow& m, std::size_t n) {
-    if (m.bools != nullptr) return std::all_of(m.bools, m.bools + n, [](std::uint8_t v) { return v != 0; });
-    return std::all_of(m.values, m.values + n, [](float v) { return v == kMinusInf; });
+    for (std::size_t j = 0; j < n; ++j)
+        if (!m.masked(j)) return false;
+    return true;
 }
 
 }  // namespace
@@ -67,18 +67,10 @@ void fused_attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, st
             }
             row_sum[r] += tile_sum;
         }
-        if (!careful) {
+        if (careful)
+            p.accumulate_unmasked(b, h, i0, j0, ConstMatrix(st), o);  // unpacked V_h, masked keys left out
+        else
             simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
-            continue;
-        }
-        // Plain loops over the unmasked keys (0·NaN must not reach O), reading V_h unpacked.
-        const ConstMatrix v_h = p.V[b].columns(h * d, d);
-        for (std::size_t r = 0; r < rows; ++r)
-            for (std::size_t j = 0; j < kt; ++j) {
-                if (p.key_masked(b, h, i0 + r, j0 + j)) continue;
-                const float pj = st(r, j);
-                for (std::size_t col = 0; col < d; ++col) o(r, col) += pj * v_h(j0 + j, col);
-            }
     }
 
     const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);

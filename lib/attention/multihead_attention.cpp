@@ -47,6 +47,27 @@ void check_mask_extent(const char* name, const MaskView& m) {
         detail::checked_extent(name, m.values, n);
 }
 
+// The enum values and scalar options of a call.
+void check_options(const ForwardOptions& opt) {
+    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
+        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
+    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
+        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
+    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
+        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
+    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
+    if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
+        fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
+}
+
+// A present mask's data shares memory with elements [p, p + n).
+template <class T>
+bool mask_overlaps(const MaskView& m, const T* p, std::size_t n) {
+    if (!m.present()) return false;
+    return m.type == MaskType::boolean ? detail::overlaps(p, n, m.bools, mask_elements(m))
+                                       : detail::overlaps(p, n, m.values, mask_elements(m));
+}
+
 void check_masks(const AttentionInputs& in, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk) {
     if (const MaskView& m = in.key_padding_mask; m.present()) {
         check_mask_data("key_padding_mask", m);
@@ -118,9 +139,7 @@ std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in_arg, c
         if (v->batch == 0 || v->rows == 0 || v->cols != state_->E)
             fail(std::string(name) + " is [" + std::to_string(v->batch) + ", " + std::to_string(v->rows) + ", " +
                  std::to_string(v->cols) + "] but must be non-empty with embed_dim " + std::to_string(state_->E) + " features");
-    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
-    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
-        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
+    check_options(opt);
     if (opt.backend == Backend::scalar) return 0;
     return simd_workspace_bytes(*state_, in, opt);
 }
@@ -133,16 +152,7 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
     if (in.key.data == nullptr) in.key = in.query;
     if (in.value.data == nullptr) in.value = in.key;
 
-    // Enum and scalar options first: later checks use need_weights.
-    if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
-        fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
-    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
-        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
-    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
-        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
-    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
-    if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
-        fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
+    check_options(opt);  // first: later checks use need_weights
 
     detail::check_batch("query", in.query);
     detail::check_batch("key", in.key);
@@ -166,52 +176,35 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
     check_masks(in, B, H, Lq, Lk);
     // The output must not overwrite a mask it is computed from (the reference reads batch b + 1's mask
     // rows after writing batch b's output).
-    for (const auto& [name, m] : {std::pair<const char*, const MaskView*>{"key_padding_mask", &in.key_padding_mask},
-                                  std::pair<const char*, const MaskView*>{"attn_mask", &in.attn_mask}}) {
-        if (!m->present()) continue;
-        const std::size_t n = mask_elements(*m);
-        const std::size_t o = (B - 1) * out.output.batch_stride + (Lq - 1) * out.output.row_stride + E;
-        if (m->type == MaskType::boolean ? detail::overlaps(out.output.data, o, m->bools, n)
-                                         : detail::overlaps(out.output.data, o, m->values, n))
-            fail(std::string("output overlaps ") + name);
-    }
+    const std::size_t output_elements = detail::batch_elements(out.output);
+    if (mask_overlaps(in.key_padding_mask, out.output.data, output_elements)) fail("output overlaps key_padding_mask");
+    if (mask_overlaps(in.attn_mask, out.output.data, output_elements)) fail("output overlaps attn_mask");
+    std::size_t weight_count = 0;  // floats of attn_weights
     if (opt.need_weights != NeedWeights::none) {
         if (out.attn_weights == nullptr) fail("need_weights is set but attn_weights is a null pointer");
         const std::size_t heads = opt.need_weights == NeedWeights::per_head ? H : 1;
-        const std::size_t count = detail::checked_extent(
+        weight_count = detail::checked_extent(
             "attn_weights", out.attn_weights,
             detail::checked_madd(detail::checked_madd(B, heads, 0, "attn_weights", "[B, H]"),
                                  detail::checked_madd(Lq, Lk, 0, "attn_weights", "[Lq, Lk]"), 0, "attn_weights", "size"));
-        const Batch weights(out.attn_weights, 1, 1, count);
+        const Batch weights(out.attn_weights, 1, 1, weight_count);
+        const std::string what = "attn_weights [" + std::to_string(weight_count) + " floats] overlaps ";
         if (detail::overlaps(weights, out.output) || detail::overlaps(weights, in.query) ||
             detail::overlaps(weights, in.key) || detail::overlaps(weights, in.value))
-            fail("attn_weights [" + std::to_string(count) + " floats] overlaps output, query, key or value");
-        for (const auto& [name, m] : {std::pair<const char*, const MaskView*>{"key_padding_mask", &in.key_padding_mask},
-                                      std::pair<const char*, const MaskView*>{"attn_mask", &in.attn_mask}}) {
-            if (!m->present()) continue;
-            const std::size_t n = mask_elements(*m);
-            if (m->type == MaskType::boolean ? detail::overlaps(out.attn_weights, count, m->bools, n)
-                                             : detail::overlaps(out.attn_weights, count, m->values, n))
-                fail(std::string("attn_weights [") + std::to_string(count) + " floats] overlaps " + name);
-        }
+            fail(what + "output, query, key or value");
+        if (mask_overlaps(in.key_padding_mask, out.attn_weights, weight_count)) fail(what + "key_padding_mask");
+        if (mask_overlaps(in.attn_mask, out.attn_weights, weight_count)) fail(what + "attn_mask");
     }
 
     if (workspace != nullptr && workspace->data() != nullptr) {
         // A borrowed workspace must not share memory with anything the call reads or writes.
         const auto* w = static_cast<const unsigned char*>(workspace->data());
         const std::size_t wb = workspace->bytes();
-        auto hits = [&](const auto& v) {
-            return detail::overlaps(w, wb, v.data, (v.batch - 1) * v.batch_stride + (v.rows - 1) * v.row_stride + v.cols);
-        };
-        bool overlap = hits(in.query) || hits(in.key) || hits(in.value) || hits(out.output);
-        if (opt.need_weights != NeedWeights::none)
-            overlap = overlap || detail::overlaps(w, wb, out.attn_weights,
-                                                  B * (opt.need_weights == NeedWeights::per_head ? H : 1) * Lq * Lk);
-        for (const MaskView* m : {&in.key_padding_mask, &in.attn_mask})
-            if (m->present())
-                overlap = overlap || (m->type == MaskType::boolean ? detail::overlaps(w, wb, m->bools, mask_elements(*m))
-                                                                   : detail::overlaps(w, wb, m->values, mask_elements(*m)));
-        if (overlap) fail("workspace overlaps an input, an output or a mask");
+        auto hits = [&](const auto& v) { return detail::overlaps(w, wb, v.data, detail::batch_elements(v)); };
+        if (hits(in.query) || hits(in.key) || hits(in.value) || hits(out.output) ||
+            detail::overlaps(w, wb, out.attn_weights, weight_count) || mask_overlaps(in.key_padding_mask, w, wb) ||
+            mask_overlaps(in.attn_mask, w, wb))
+            fail("workspace overlaps an input, an output or a mask");
     }
 
     if (opt.backend == Backend::scalar) {

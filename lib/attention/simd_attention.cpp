@@ -49,18 +49,10 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
     }
     const ConstMatrix v = p.V[b].columns(h * d, d).row_block(0, keys);
     const Matrix c = p.C[b].columns(h * d, d).row_block(i0, rows);
-    if (p.value_nonfinite(b, h)) {
-        // A value row is NaN or ±inf: a masked key must not contribute (0·NaN would), so sum over the
-        // unmasked keys only. Rare (garbage input), so plain loops.
-        for (std::size_t r = 0; r < rows; ++r) {
-            float* crow = c.row(r);
-            for (std::size_t col = 0; col < d; ++col) crow[col] = 0.0f;
-            for (std::size_t j = 0; j < keys; ++j) {
-                if (p.key_masked(b, h, i0 + r, j)) continue;
-                const float pj = s(r, j);
-                for (std::size_t col = 0; col < d; ++col) crow[col] += pj * v(j, col);
-            }
-        }
+    if (p.value_nonfinite(b, h)) {  // a masked key must not contribute 0·NaN
+        for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t col = 0; col < d; ++col) c(r, col) = 0.0f;
+        p.accumulate_unmasked(b, h, i0, 0, ConstMatrix(s.columns(0, keys)), c);
         return;
     }
     simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f, c, gemm_scratch);
@@ -68,24 +60,33 @@ void attend_block(const AttentionPlan& p, std::size_t b, std::size_t h, std::siz
 
 }  // namespace
 
-std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
+namespace {
+
+// The scratch of this call (simd_workspace_bytes and the call itself must agree).
+detail::ScratchLayout layout_for(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
     return detail::scratch_layout(st.E, st.H, in.query.batch, in.query.rows, in.key.rows, detail::is_self_attention(in),
-                                  detail::use_fused(in, opt), opt.need_weights, detail::arena_threads(opt))
-               .bytes() +
-           detail::kScratchAlign;  // room to align a caller's workspace
+                                  detail::use_fused(in, opt), opt.need_weights, detail::arena_threads(opt));
+}
+
+// A caller's workspace also needs room to align its start.
+std::size_t workspace_bytes_for(const detail::ScratchLayout& layout) { return layout.bytes() + detail::kScratchAlign; }
+
+}  // namespace
+
+std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
+    return workspace_bytes_for(layout_for(st, in, opt));
 }
 
 void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
                               const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace) {
     const bool fused = detail::use_fused(in, opt);
-    const std::size_t threads = detail::arena_threads(opt);
-    const detail::ScratchLayout layout = detail::scratch_layout(st.E, st.H, in.query.batch, in.query.rows, in.key.rows,
-                                                                detail::is_self_attention(in), fused, opt.need_weights, threads);
+    const detail::ScratchLayout layout = layout_for(st, in, opt);
+    const std::size_t threads = layout.threads;
     // All memory is claimed here, before anything is computed: a failure leaves the outputs untouched.
     std::optional<detail::ScratchLease> lease;
     float* scratch = nullptr;
     if (workspace != nullptr) {
-        const std::size_t need = layout.bytes() + detail::kScratchAlign;
+        const std::size_t need = workspace_bytes_for(layout);
         if (workspace->bytes() < need)
             detail::fail("workspace has " + std::to_string(workspace->bytes()) + " bytes but this call needs " +
                          std::to_string(need) + " (MultiheadAttention::workspace_bytes)");

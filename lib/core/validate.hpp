@@ -103,10 +103,15 @@ bool overlaps(const MatrixView<T>& a, const MatrixView<U>& b) {
     return overlaps(a.data, (a.rows - 1) * a.stride + a.cols, b.data, (b.rows - 1) * b.stride + b.cols);
 }
 
+// Elements from a checked batch view's first to one past its last element.
+template <class T>
+std::size_t batch_elements(const BatchView<T>& v) {
+    return (v.batch - 1) * v.batch_stride + (v.rows - 1) * v.row_stride + v.cols;
+}
+
 template <class T, class U>
 bool overlaps(const BatchView<T>& a, const BatchView<U>& b) {
-    return overlaps(a.data, (a.batch - 1) * a.batch_stride + (a.rows - 1) * a.row_stride + a.cols, b.data,
-                    (b.batch - 1) * b.batch_stride + (b.rows - 1) * b.row_stride + b.cols);
+    return overlaps(a.data, batch_elements(a), b.data, batch_elements(b));
 }
 
 }  // namespace mha::detail

@@ -25,7 +25,6 @@ struct PackedMatrix::Impl {
         float* get() const noexcept { return p; }
     };
     Storage data;
-    std::size_t floats = 0;
     std::size_t k = 0, n = 0, kc = 0, nr = 0;
     std::size_t segments = 1, segment_n = 0, segment_panels = 0;  // per segment: n / segments columns
     Isa isa = Isa::sse2;
@@ -64,13 +63,11 @@ PackedMatrix::PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments) : impl
     p.segments = std::max<std::size_t>(segments, 1);
     p.segment_n = p.n / p.segments;
     p.segment_panels = (p.segment_n + p.nr - 1) / p.nr;
-    p.floats = p.k * p.pitch();
-    p.data.allocate(p.floats);
-    std::memset(p.data.get(), 0, p.floats * sizeof(float));  // the padding columns of each panel are zero
+    p.data.allocate(p.k * p.pitch());
+    std::memset(p.data.get(), 0, p.data.floats * sizeof(float));  // the padding columns of each panel are zero
     for (std::size_t s = 0; s < p.segments; ++s) {
         const ConstMatrix part = tr ? b.row_block(s * p.segment_n, p.segment_n) : b.columns(s * p.segment_n, p.segment_n);
-        View dst = segments_view(s, 1);
-        dispatch(p.isa, PackBKernel{}, part, tb, p.data.get(), dst);
+        dispatch(p.isa, PackBKernel{}, part, tb, p.data.get(), this->segments(s, 1));
     }
 }
 PackedMatrix::~PackedMatrix() = default;
@@ -79,19 +76,15 @@ PackedMatrix& PackedMatrix::operator=(PackedMatrix&&) noexcept = default;
 std::size_t PackedMatrix::k() const noexcept { return impl_ ? impl_->k : 0; }
 std::size_t PackedMatrix::n() const noexcept { return impl_ ? impl_->n : 0; }
 Isa PackedMatrix::isa() const noexcept { return impl_ ? impl_->isa : Isa::sse2; }
-std::size_t PackedMatrix::bytes() const noexcept { return impl_ ? impl_->floats * sizeof(float) : 0; }
+std::size_t PackedMatrix::bytes() const noexcept { return impl_ ? impl_->data.floats * sizeof(float) : 0; }
 std::size_t PackedMatrix::segment_count() const noexcept { return impl_ ? impl_->segments : 0; }
 bool PackedMatrix::segments_contiguous() const noexcept {
     return impl_ && (impl_->segments == 1 || impl_->segment_n % impl_->nr == 0);
 }
 
-PackedMatrix::View PackedMatrix::all() const noexcept { return segments_view(0, segment_count()); }
+PackedMatrix::View PackedMatrix::all() const noexcept { return segments(0, segment_count()); }
 
 PackedMatrix::View PackedMatrix::segments(std::size_t first, std::size_t count) const noexcept {
-    return segments_view(first, count);
-}
-
-PackedMatrix::View PackedMatrix::segments_view(std::size_t first, std::size_t count) const noexcept {
     if (!impl_) return {};
     const Impl& p = *impl_;
     return {p.data.get(), p.k, count * p.segment_n, p.kc, p.nr, p.pitch(), first * p.segment_panels, p.isa};

@@ -16,6 +16,11 @@ struct MaskRow {
     constexpr MaskRow(const float* v) : values(v) {}            // NOLINT(google-explicit-constructor)
     constexpr MaskRow(const std::uint8_t* b) : bools(b) {}      // NOLINT(google-explicit-constructor)
     constexpr bool present() const { return values != nullptr || bools != nullptr; }
+    // Entry j masks its key (a nonzero byte or an additive -inf); false when absent. Baseline code only:
+    // the ISA kernels read the fields themselves.
+    constexpr bool masked(std::size_t j) const {
+        return bools != nullptr ? bools[j] != 0 : values != nullptr && values[j] == -__builtin_inff();
+    }
     // The same mask from column j on.
     constexpr MaskRow from(std::size_t j) const {
         MaskRow m;

@@ -84,7 +84,6 @@ public:
     struct Impl;
 
 private:
-    View segments_view(std::size_t first, std::size_t count) const noexcept;
     std::unique_ptr<Impl> impl_;
 };
 
