@@ -1,11 +1,16 @@
 // Multi-head attention with torch.nn.MultiheadAttention semantics (batch_first=True, eval mode:
-// no dropout), built once from weights in PyTorch's layout. See README.md for an example.
+// no dropout), built once from weights in PyTorch's layout, extended to decoder models (grouped-query
+// heads, a head dim of its own, rotary positions). See README.md for an example.
 //
-//   E = embed_dim, H = num_heads, d = E / H, B = batch, Lq = query length, Lk = key/value length.
-//   Q = query·Wqᵀ + bq, K = key·Wkᵀ + bk, V = value·Wvᵀ + bv     (in_proj_weight = [Wq; Wk; Wv])
-//   head h uses columns [h·d, h·d + d) of Q, K, V (strided views, no copies):
-//     P_h = softmax(Q_h·K_hᵀ / sqrt(d) + masks),  C_h = P_h·V_h  → columns [h·d, h·d + d) of C
-//   out = C·Woᵀ + bo;  with ForwardOptions::norm_eps set: out = LayerNorm(out + query).
+//   E = embed_dim, H = num_heads, Hkv = num_kv_heads (H % Hkv == 0, G = H / Hkv), d = head_dim
+//   (default E / H; H·d may differ from E), kdim / vdim = key / value features (default E),
+//   B = batch, Lq = query length, Lk = key/value length.
+//   Q = query·Wqᵀ + bq [Lq, H·d], K = key·Wkᵀ + bk [Lk, Hkv·d], V = value·Wvᵀ + bv [Lk, Hkv·d]
+//   (nn.MultiheadAttention's in_proj_weight = [Wq; Wk; Wv] is the case Hkv = H, d = E / H, kdim = vdim = E)
+//   With rotary embeddings (AttentionConfig::rope) Q and K rows are rotated at their positions (below).
+//   Query head h uses columns [h·d, h·d + d) of Q and KV head h / G of K and V (strided views, no copies):
+//     P_h = softmax(Q_h·K_{h/G}ᵀ / sqrt(d) + masks),  C_h = P_h·V_{h/G}  → columns [h·d, h·d + d) of C
+//   out = C·Woᵀ + bo (Wo [E, H·d]);  with ForwardOptions::norm_eps set: out = LayerNorm(out + query).
 //   A query row whose keys are all masked gets zero probabilities, so its output row is bo
 //   (PyTorch gives NaN there).
 //   A key masked for a query (a boolean mask entry set, an additive -inf in either mask, or causal
@@ -29,21 +34,58 @@ namespace mha {
 
 // Weights in PyTorch's layout, all row-major and contiguous. They are packed (one copy) when the
 // attention object is built; the caller's memory may be freed afterwards.
+// The input projections come either packed (in_proj_weight, kdim == vdim == E) or separate
+// (q/k/v_proj_weight, Hugging Face's q_proj / k_proj / v_proj), never both. Biases: in_proj_bias (q; k; v
+// stacked) or any of q/k/v_proj_bias, never both kinds; an absent bias is zeros.
 struct AttentionWeights {
-    const float* in_proj_weight = nullptr;   // [3E, E], rows: Wq (E rows), Wk, Wv. Required.
-    const float* in_proj_bias = nullptr;     // [3E] or nullptr (zeros)
-    const float* out_proj_weight = nullptr;  // [E, E]. Required.
+    const float* in_proj_weight = nullptr;   // [H·d + 2·Hkv·d, E], rows: Wq (H·d rows), Wk, Wv
+    const float* in_proj_bias = nullptr;     // [H·d + 2·Hkv·d] or nullptr
+    const float* out_proj_weight = nullptr;  // [E, H·d]. Required.
     const float* out_proj_bias = nullptr;    // [E] or nullptr (zeros)
     const float* norm_weight = nullptr;      // [E] gamma of the post-norm block, nullptr = ones
     const float* norm_bias = nullptr;        // [E] beta of the post-norm block, nullptr = zeros
+    const float* q_proj_weight = nullptr;    // [H·d, E]
+    const float* k_proj_weight = nullptr;    // [Hkv·d, kdim]
+    const float* v_proj_weight = nullptr;    // [Hkv·d, vdim]
+    const float* q_proj_bias = nullptr;      // [H·d] or nullptr
+    const float* k_proj_bias = nullptr;      // [Hkv·d] or nullptr
+    const float* v_proj_bias = nullptr;      // [Hkv·d] or nullptr
 };
+
+// Rotary position embedding, applied to Q and K after the bias and before the scores. A token at absolute
+// position p: with r rotary dims and θ_k = theta^(−2k/r), k = 0 .. r/2 − 1, each pair (x1, x2) becomes
+// (x1·cos(p·θ_k) − x2·sin(p·θ_k), x2·cos(p·θ_k) + x1·sin(p·θ_k)); dims r..d−1 are left as they are.
+// half pairs (x_k, x_{k+r/2}) (GPT-NeoX, Hugging Face Llama); interleaved pairs (x_{2k}, x_{2k+1}) (GPT-J,
+// Meta's Llama). Angles are computed in double (cos and sin of p·θ_k rounded once to float), so
+// positions up to 2^20 and beyond keep float accuracy.
+enum class RopeStyle { half, interleaved };
+struct RopeConfig {
+    float theta = 10000.0f;       // > 0, finite
+    std::size_t dims = 0;         // r: even, <= head_dim; 0 means head_dim
+    RopeStyle style = RopeStyle::half;
+};
+
+// The shape of a layer. Zeros take the defaults.
+struct AttentionConfig {
+    std::size_t embed_dim = 0;     // E. Required.
+    std::size_t num_heads = 0;     // H. Required.
+    std::size_t num_kv_heads = 0;  // Hkv; 0: H. H % Hkv == 0.
+    std::size_t head_dim = 0;      // d; 0: E / H (then E % H == 0)
+    std::size_t kdim = 0;          // key features; 0: E
+    std::size_t vdim = 0;          // value features; 0: E
+    std::optional<RopeConfig> rope;
+};
+
+// Causal alignment: top_left masks key j for query i when j > i; bottom_right when j > i + Lk − Lq
+// (new tokens at the end of a sequence whose earlier tokens are the first keys).
+enum class CausalAlignment { top_left, bottom_right };
 
 enum class MaskType { none, boolean, additive };
 
 // A mask, contiguous and row-major. boolean: a nonzero byte means "not allowed" (-inf);
 // additive: the float is added to the score. Shapes (rank 2 or 3):
 //   key_padding_mask: [B, Lk];  attn_mask: [Lq, Lk] (all batches and heads) or [B·H, Lq, Lk]
-//   (index b·H + h, as in PyTorch).
+//   (index b·H + h over the H query heads, as in PyTorch).
 struct MaskView {
     MaskType type = MaskType::none;
     const std::uint8_t* bools = nullptr;  // type == boolean
@@ -65,6 +107,12 @@ enum class Impl { automatic, materialized, fused };
 
 struct ForwardOptions {
     bool causal = false;                      // key j masked for query i when j > i (top-left aligned)
+    CausalAlignment causal_alignment = CausalAlignment::top_left;
+    // Rotary positions (layers built with a RopeConfig): query row i and key row j of sequence b are at
+    // positions start_b + i and start_b + j, start_b = positions[b] when positions is set ([B]), else
+    // position_offset.
+    std::size_t position_offset = 0;
+    const std::size_t* positions = nullptr;
     NeedWeights need_weights = NeedWeights::none;
     std::optional<float> norm_eps;            // set: post-norm block LayerNorm(out + query), eps inside sqrt
     Backend backend = Backend::simd;
@@ -79,8 +127,8 @@ struct ForwardOptions {
 // other (with the smaller stride s over n entries: s >= E and the larger stride >= (n − 1)·s + E).
 struct AttentionInputs {
     ConstBatch query;            // [B, Lq, E]
-    ConstBatch key;              // [B, Lk, E]; data == nullptr: key = query (self-attention)
-    ConstBatch value;            // [B, Lk, E]; data == nullptr: value = key
+    ConstBatch key;              // [B, Lk, kdim]; data == nullptr: key = query (self-attention)
+    ConstBatch value;            // [B, Lk, vdim]; data == nullptr: value = key
     MaskView key_padding_mask;   // optional, [B, Lk]
     MaskView attn_mask;          // optional, [Lq, Lk] or [B·H, Lq, Lk]
 };
@@ -93,9 +141,12 @@ struct AttentionOutputs {
 
 class MultiheadAttention {
 public:
-    // Throws mha::invalid_argument if embed_dim or num_heads is 0, embed_dim % num_heads != 0,
-    // or a required weight pointer is null.
+    // nn.MultiheadAttention: in_proj_weight [3E, E], d = E / H. Throws mha::invalid_argument if embed_dim
+    // or num_heads is 0, embed_dim % num_heads != 0, or a required weight pointer is null.
     MultiheadAttention(const AttentionWeights& weights, std::size_t embed_dim, std::size_t num_heads);
+    // Any configuration; throws mha::invalid_argument naming the field for an inconsistent one (H % Hkv,
+    // odd or too many rotary dims, both packed and separate weights, a missing weight, ...).
+    MultiheadAttention(const AttentionWeights& weights, const AttentionConfig& config);
     ~MultiheadAttention();
     MultiheadAttention(MultiheadAttention&&) noexcept;
     MultiheadAttention& operator=(MultiheadAttention&&) noexcept;
@@ -104,6 +155,9 @@ public:
     std::size_t embed_dim() const noexcept;
     std::size_t num_heads() const noexcept;
     std::size_t head_dim() const noexcept;
+    std::size_t num_kv_heads() const noexcept;
+    std::size_t kdim() const noexcept;
+    std::size_t vdim() const noexcept;
 
     // Computes the outputs. Validates every argument first and throws mha::invalid_argument without
     // writing anything. Safe to call concurrently on one object (it is not modified).

@@ -216,7 +216,7 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         detail::checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
                                detail::checked_madd(Lq, Lk, 0, "the scalar backend's", "scores"));
         const State::Unpacked weights = state_->unpacked();  // before anything is written (may throw bad_alloc)
-        reference::multihead_attention(weights.weights(*state_), E, H, in, out, opt);
+        reference::multihead_attention(weights.layer(*state_), in, out, opt);
     } else {
         simd_multihead_attention(*state_, in, out, opt, workspace);
     }

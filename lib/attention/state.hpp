@@ -4,6 +4,7 @@
 #pragma once
 #include <vector>
 
+#include "../reference/reference.hpp"
 #include "../simd/simd.hpp"
 #include "mha/attention.hpp"
 
@@ -19,9 +20,16 @@ struct MultiheadAttention::State {
     // Plain row-major weights for the scalar reference, unpacked from the packed copies (exact).
     struct Unpacked {
         std::vector<float> in_w, out_w;
-        AttentionWeights weights(const State& s) const {
-            return {in_w.data(), s.in_b.data(), out_w.data(), s.out_b.data(), s.norm_w.empty() ? nullptr : s.norm_w.data(),
-                    s.norm_b.empty() ? nullptr : s.norm_b.data()};
+        reference::Layer layer(const State& s) const {
+            reference::Layer l;
+            l.E = l.kdim = l.vdim = s.E;
+            l.H = l.Hkv = s.H;
+            l.d = s.E / s.H;
+            l.wq = in_w.data(), l.wk = in_w.data() + s.E * s.E, l.wv = in_w.data() + 2 * s.E * s.E, l.wo = out_w.data();
+            l.bq = s.in_b.data(), l.bk = s.in_b.data() + s.E, l.bv = s.in_b.data() + 2 * s.E, l.bo = s.out_b.data();
+            l.norm_w = s.norm_w.empty() ? nullptr : s.norm_w.data();
+            l.norm_b = s.norm_b.empty() ? nullptr : s.norm_b.data();
+            return l;
         }
     };
     Unpacked unpacked() const {

@@ -35,15 +35,14 @@ float mask_value(const MaskView& m, std::size_t index, std::size_t i, std::size_
 
 }  // namespace
 
-void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::size_t num_heads,
-                         const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt) {
-    const std::size_t E = embed_dim, H = num_heads, d = E / H;
+void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
+                         const ForwardOptions& opt) {
+    const std::size_t E = layer.E, H = layer.H, d = E / H;
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 
-    const ConstMatrix wq(w.in_proj_weight, E, E), wk(w.in_proj_weight + E * E, E, E),
-        wv(w.in_proj_weight + 2 * E * E, E, E), wo(w.out_proj_weight, E, E);
-    const float *bq = w.in_proj_bias, *bk = w.in_proj_bias + E, *bv = w.in_proj_bias + 2 * E;
+    const ConstMatrix wq(layer.wq, E, E), wk(layer.wk, E, E), wv(layer.wv, E, E), wo(layer.wo, E, E);
+    const float *bq = layer.bq, *bk = layer.bk, *bv = layer.bv;
 
     std::vector<float> q(Lq * E), k(Lk * E), v(Lk * E), ctx(Lq * E), scores(Lq * Lk);
     std::vector<unsigned char> masked(Lq * Lk);  // key j masked for query i (boolean, -inf or causal)
@@ -86,11 +85,11 @@ void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::
             }
         }
         const Matrix y = out.output[b];
-        linear(C, wo, w.out_proj_bias, y);
+        linear(C, wo, layer.bo, y);
         if (opt.norm_eps) {
             const ConstMatrix x = in.query[b];
             for (std::size_t i = 0; i < Lq; ++i)
-                layernorm_row(y.row(i), y.row(i), x.row(i), E, w.norm_weight, w.norm_bias, *opt.norm_eps);
+                layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);
         }
     }
 }

@@ -7,6 +7,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/kernels.hpp"
+#include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 
 namespace mha::reference {
@@ -28,10 +29,30 @@ void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, cons
 void layernorm_row(float* y, const float* x, const float* residual, std::size_t n, const float* gamma,
                    const float* beta, float eps) noexcept;
 
-// Multi-head attention as documented in mha/attention.hpp. w: every pointer non-null except the
-// norm ones. Inputs validated by the caller; key/value already resolved (non-null).
-// Allocates its own scratch. Writes out.output (and out.attn_weights if requested).
-void multihead_attention(const AttentionWeights& w, std::size_t embed_dim, std::size_t num_heads,
-                         const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt);
+// A layer's resolved shape (no zero defaults left: Hkv, d, kdim, vdim and rope->dims set) and its plain
+// row-major weights, every bias non-null.
+struct Layer {
+    std::size_t E = 0, H = 0, Hkv = 0, d = 0, kdim = 0, vdim = 0;
+    std::optional<RopeConfig> rope;
+    const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // [H·d, E] [Hkv·d, kdim] [Hkv·d, vdim] [E, H·d]
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // [H·d] [Hkv·d] [Hkv·d] [E]
+    const float *norm_w = nullptr, *norm_b = nullptr;                         // [E] or nullptr (ones / zeros)
+};
+
+// Rotates one head row x[0, d) in place as token position `position` (mha/attention.hpp's RopeConfig;
+// rope.dims resolved, even, <= d): angles p·θ_k, cos and sin in double.
+void rope_row(float* x, const RopeConfig& rope, std::size_t position) noexcept;
+
+// The attention core of mha/sdpa.hpp on projected heads, plain loops: scores, masks (a masked key's score
+// is -inf whatever Q·K gave), softmax rows, P·V over the unmasked keys. probs: nullptr or [B, H, Lq, Lk]
+// contiguous, receives the probabilities. Inputs validated by the caller. Allocates its own scratch.
+void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
+                    float* probs);
+
+// Multi-head attention as documented in mha/attention.hpp. Inputs validated by the caller; key/value
+// already resolved (non-null). Allocates its own scratch. Writes out.output (and out.attn_weights if
+// requested).
+void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
+                         const ForwardOptions& opt);
 
 }  // namespace mha::reference
