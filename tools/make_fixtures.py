@@ -22,6 +22,15 @@ plus a summary of PyTorch's float64 result: inputs and parameters come from a co
 expected output (and averaged weights) are kept as a checksum Σ o_i·r_i with r_i from the same
 generator, max|o|, and every 997th element in float64.
 
+Decoder-model cases (issue 12) go to tests/data/decoder/<case>/ (a folder of their own, so the tests and
+tool runs that take every tests/data/<case>/ as an nn.MultiheadAttention case do not see them): a
+Llama-style layer written here in float64 torch (separate q/k/v/o projections, GQA by repeat_interleave,
+RoPE in both pairings at offsets up to 2^20 and per-sequence starts), nn.MultiheadAttention with
+kdim/vdim != E, and the core as F.scaled_dot_product_attention (torch 1.13's private
+F._scaled_dot_product_attention where the public one is missing). Files and args.json: see the comment
+above write_decoder_cases and tests/data/README.md. Each is checked against NumPy float64 loops (KV head
+h // G without repeating, RoPE as complex rotations) to 1e-12.
+
 usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
 """
 import json
@@ -34,6 +43,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "data")
@@ -326,6 +336,287 @@ def write_large_cases():
         f.write(text + "\n")
 
 
+# --- Decoder-model cases (issue 12): tests/data/decoder/<case>/ -------------------------------------
+#
+# Layers (args "kind": "layer"): query.npy [B, Lq, E]; key.npy [B, Lk, kdim], value.npy [B, Lk, vdim] when
+# they differ from query; q_proj_weight.npy [H·d, E], k_proj_weight.npy [Hkv·d, kdim], v_proj_weight.npy
+# [Hkv·d, vdim]; in_proj_bias.npy [H·d + 2·Hkv·d] (q; k; v) and out_proj.bias.npy [E] only when the layer has
+# biases; out_proj.weight.npy [E, H·d]; optional masks as above; expected_output.npy [B, Lq, E] float64
+# (and expected_attn_weights.npy). args.json: heads, kv_heads, head_dim, rope_theta / rope_style / rope_dims
+# (null without RoPE), position_offset, positions (null or one start per sequence), causal (top-left),
+# causal_bottom_right, need_weights, norm_eps (null).
+# Core (args "kind": "sdpa"): q.npy [B, H, Lq, d], k.npy and v.npy [B, Hkv, Lk, d], optional masks,
+# expected_output.npy [B, H, Lq, d] float64; args.json: heads, kv_heads, scale (null: 1/sqrt(d)), causal,
+# causal_bottom_right. causal and causal_bottom_right are never both true.
+
+DECODER_DIR = "decoder"
+
+
+def uniform(gen, shape, a=1.0):
+    """Uniform in [-a, a), rounded to float32 (the saved value is exactly what float64 torch computes on)."""
+    return f32(a * (2 * torch.rand(shape, generator=gen) - 1))
+
+
+def rope_torch(x, theta, r, style, positions):
+    """design.md §5 in float64 on x [B, heads, L, d] at positions [B, L]: θ_k = theta^(−2k/r),
+    (x1, x2) → (x1·cos(pθ_k) − x2·sin(pθ_k), x2·cos(pθ_k) + x1·sin(pθ_k)); half pairs (x_k, x_{k+r/2}),
+    interleaved (x_{2k}, x_{2k+1}); dims r.. untouched."""
+    k = torch.arange(r // 2, dtype=torch.float64)
+    theta_k = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * k / r)
+    angle = positions[:, None, :, None] * theta_k  # [B, 1, L, r/2]
+    c, s = torch.cos(angle), torch.sin(angle)
+    i1 = torch.arange(r // 2) if style == "half" else 2 * torch.arange(r // 2)
+    i2 = i1 + r // 2 if style == "half" else i1 + 1
+    x1, x2 = x[..., i1], x[..., i2]
+    y = x.clone()
+    y[..., i1] = x1 * c - x2 * s
+    y[..., i2] = x2 * c + x1 * s
+    return y
+
+
+def llama_attention(x, wq, wk, wv, wo, bias, H, Hkv, d, rope, starts, causal):
+    """Llama-style self-attention in float64 torch: separate projections, RoPE on Q and K, GQA through
+    repeat_interleave (Hugging Face's repeat_kv), top-left causal mask, output projection."""
+    B, L, _ = x.shape
+    bq, bk, bv, bo = bias if bias is not None else (None, None, None, None)
+    q = F.linear(x, wq, bq).view(B, L, H, d).transpose(1, 2)
+    k = F.linear(x, wk, bk).view(B, L, Hkv, d).transpose(1, 2)
+    v = F.linear(x, wv, bv).view(B, L, Hkv, d).transpose(1, 2)
+    if rope is not None:
+        positions = torch.tensor(starts, dtype=torch.float64)[:, None] + torch.arange(L, dtype=torch.float64)
+        q = rope_torch(q, rope["theta"], rope["dims"], rope["style"], positions)
+        k = rope_torch(k, rope["theta"], rope["dims"], rope["style"], positions)
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -math.inf)
+    c = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, H * d)
+    return F.linear(c, wo, bo)
+
+
+def numpy_rope(x, theta, r, style, p):
+    """The same rotation written independently: each pair as a complex number times e^(i·p·θ_k)
+    (Meta's Llama writes interleaved RoPE this way)."""
+    k = np.arange(r // 2)
+    w = np.exp(1j * p * float(theta) ** (-2.0 * k / r))
+    y = x.copy()
+    if style == "half":
+        z = (x[:r // 2] + 1j * x[r // 2:r]) * w
+        y[:r // 2], y[r // 2:r] = z.real, z.imag
+    else:
+        z = (x[0:r:2] + 1j * x[1:r:2]) * w
+        y[0:r:2], y[1:r:2] = z.real, z.imag
+    return y
+
+
+def numpy_scores_mask(b, h, H, Lq, Lk, kpm, am, causal, bottom_right):
+    """Additive mask of (b, h) as the library documents it: -inf where masked."""
+    m = np.zeros((Lq, Lk))
+    if kpm is not None:
+        m = m + (np.where(kpm[b], -np.inf, 0.0) if kpm.dtype == bool else kpm[b].astype(np.float64))
+    if am is not None:
+        a = am if am.ndim == 2 else am[b * H + h]
+        m = m + (np.where(a, -np.inf, 0.0) if a.dtype == bool else a.astype(np.float64))
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    if causal:
+        m = m + np.where(j > i, -np.inf, 0.0)
+    if bottom_right:
+        m = m + np.where(j > i + Lk - Lq, -np.inf, 0.0)
+    return m
+
+
+def numpy_core(q, k, v, scale, kpm, am, causal, bottom_right):
+    """q [B, H, Lq, d], k/v [B, Hkv, Lk, d] in float64, query head h on KV head h // (H/Hkv) (no repeat)."""
+    B, H, Lq, _ = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    out = np.zeros(q.shape[:3] + (v.shape[3],))
+    probs = np.zeros((B, H, Lq, Lk))
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            s = scale * (q[b, h] @ k[b, g].T) + numpy_scores_mask(b, h, H, Lq, Lk, kpm, am, causal, bottom_right)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            probs[b, h], out[b, h] = p, p @ v[b, g]
+    return out, probs
+
+
+def numpy_layer(query, key, value, a, H, Hkv, d, rope, starts, kpm, am, causal, bottom_right):
+    """The documented layer in float64 NumPy: projections, RoPE at start_b + index, numpy_core, output."""
+    Q = query @ a["q_proj_weight"].T
+    K = key @ a["k_proj_weight"].T
+    V = value @ a["v_proj_weight"].T
+    if "in_proj_bias" in a:
+        bias = a["in_proj_bias"]
+        Q, K, V = Q + bias[:H * d], K + bias[H * d:H * d + Hkv * d], V + bias[H * d + Hkv * d:]
+    B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+    Q, K, V = Q.reshape(B, Lq, H, d), K.reshape(B, Lk, Hkv, d), V.reshape(B, Lk, Hkv, d)
+    if rope is not None:
+        for b in range(B):
+            for i in range(Lq):
+                for h in range(H):
+                    Q[b, i, h] = numpy_rope(Q[b, i, h], rope["theta"], rope["dims"], rope["style"], starts[b] + i)
+            for j in range(Lk):
+                for h in range(Hkv):
+                    K[b, j, h] = numpy_rope(K[b, j, h], rope["theta"], rope["dims"], rope["style"], starts[b] + j)
+    ctx, probs = numpy_core(Q.transpose(0, 2, 1, 3), K.transpose(0, 2, 1, 3), V.transpose(0, 2, 1, 3),
+                            1.0 / math.sqrt(d), kpm, am, causal, bottom_right)
+    out = ctx.transpose(0, 2, 1, 3).reshape(B, Lq, H * d) @ a["out_proj.weight"].T
+    if "out_proj.bias" in a:
+        out = out + a["out_proj.bias"]
+    return out, probs
+
+
+def layer_args(H, Hkv, d, rope=None, offset=0, positions=None, causal=False, bottom_right=False, need="none"):
+    return {"kind": "layer", "heads": H, "kv_heads": Hkv, "head_dim": d,
+            "rope_theta": None if rope is None else rope["theta"],
+            "rope_style": None if rope is None else rope["style"],
+            "rope_dims": None if rope is None else rope["dims"],
+            "position_offset": offset, "positions": positions, "causal": causal,
+            "causal_bottom_right": bottom_right, "need_weights": need, "norm_eps": None}
+
+
+def write_decoder_case(name, arrays, args, expected_out, expected_w=None):
+    write_case(os.path.join(DECODER_DIR, name), arrays, args, expected_out, expected_w)
+
+
+def llama_case(name, gen, B, L, E, H, Hkv, d, rope, offset=0, positions=None, bias=False, causal=True):
+    """Llama-style self-attention (no bias unless `bias`: Qwen-style q/k/v and an output bias too)."""
+    fan = lambda n: 1.0 / math.sqrt(n)
+    a = {"query": uniform(gen, (B, L, E)),
+         "q_proj_weight": uniform(gen, (H * d, E), fan(E)), "k_proj_weight": uniform(gen, (Hkv * d, E), fan(E)),
+         "v_proj_weight": uniform(gen, (Hkv * d, E), fan(E)), "out_proj.weight": uniform(gen, (E, H * d), fan(H * d))}
+    if bias:
+        a["in_proj_bias"] = uniform(gen, (H * d + 2 * Hkv * d,), fan(E))
+        a["out_proj.bias"] = uniform(gen, (E,), fan(H * d))
+    starts = positions if positions is not None else [offset] * B
+    t = lambda n: torch.from_numpy(a[n].astype(np.float64))
+    biases = None
+    if bias:
+        bqkv = t("in_proj_bias")
+        biases = (bqkv[:H * d], bqkv[H * d:H * d + Hkv * d], bqkv[H * d + Hkv * d:], t("out_proj.bias"))
+    out = llama_attention(t("query"), t("q_proj_weight"), t("k_proj_weight"), t("v_proj_weight"), t("out_proj.weight"),
+                          biases, H, Hkv, d, rope, starts, causal).numpy()
+    x = a["query"].astype(np.float64)
+    check, _ = numpy_layer(x, x, x, {n: v.astype(np.float64) for n, v in a.items()}, H, Hkv, d, rope, starts,
+                           None, None, causal, False)
+    assert np.isfinite(out).all(), name
+    assert np.allclose(out, check, rtol=0, atol=1e-12), name
+    write_decoder_case(name, a, layer_args(H, Hkv, d, rope, offset if positions is None else 0, positions, causal),
+                       out)
+
+
+def mha_kdim_case(name, gen, B, Lq, Lk, E, H, kdim, vdim, kpm=None, bottom_right=False, need="none"):
+    """nn.MultiheadAttention with kdim/vdim != E (separate q/k/v_proj_weight), float64, eval."""
+    m = nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, batch_first=True)
+    randomize(m, gen)
+    m.eval()
+    q, k, v = uniform(gen, (B, Lq, E)), uniform(gen, (B, Lk, kdim)), uniform(gen, (B, Lk, vdim))
+    mask = ~torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=Lk - Lq) if bottom_right else None
+    t = lambda x: None if x is None else torch.from_numpy(x if x.dtype == bool else x.astype(np.float64))
+    out, w = m.double()(t(q), t(k), t(v), key_padding_mask=t(kpm), attn_mask=mask, need_weights=need != "none",
+                        average_attn_weights=need == "averaged")
+    out = out.detach().numpy()
+    w = None if need == "none" else w.detach().numpy()
+    a = {"query": q, "key": k, "value": v, "q_proj_weight": f32(m.q_proj_weight), "k_proj_weight": f32(m.k_proj_weight),
+         "v_proj_weight": f32(m.v_proj_weight), "in_proj_bias": f32(m.in_proj_bias),
+         "out_proj.weight": f32(m.out_proj.weight), "out_proj.bias": f32(m.out_proj.bias)}
+    if kpm is not None:
+        a["key_padding_mask"] = kpm
+    d = E // H
+    check, probs = numpy_layer(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                               {n: x.astype(np.float64) for n, x in a.items()}, H, H, d, None, [0] * B, kpm, None,
+                               False, bottom_right)
+    assert np.isfinite(out).all(), name
+    assert np.allclose(out, check, rtol=0, atol=1e-12), name
+    if w is not None:
+        want = probs.mean(1) if need == "averaged" else probs
+        assert w.shape == want.shape and np.allclose(w, want, rtol=0, atol=1e-12), name
+    write_decoder_case(name, a, layer_args(H, H, d, bottom_right=bottom_right, need=need), out, w)
+
+
+def torch_sdpa(q, k, v, mask, causal, scale):
+    """PyTorch's scaled_dot_product_attention in float64; torch < 2.1 has no `scale` argument (1.13 only the
+    private F._scaled_dot_product_attention, which scales by 1/sqrt(d)): q is pre-multiplied instead."""
+    d = q.shape[-1]
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q * (scale * math.sqrt(d)), k, v, attn_mask=mask, is_causal=causal)
+    return F._scaled_dot_product_attention(q * (scale * math.sqrt(d)), k, v, mask, 0.0, False, causal)[0]
+
+
+def sdpa_case(name, gen, B, H, Hkv, Lq, Lk, d, scale=None, causal=False, bottom_right=False, kpm=None, am=None):
+    """F.scaled_dot_product_attention on q [B, H, Lq, d], k/v [B, Hkv, Lk, d] expanded by repeat_interleave.
+    Masks go to torch as one mask: boolean (True = may attend) when every part is boolean, else additive;
+    bottom-right causal as the boolean torch.ones(Lq, Lk).tril(diagonal=Lk − Lq)."""
+    q, k, v = uniform(gen, (B, H, Lq, d)), uniform(gen, (B, Hkv, Lk, d)), uniform(gen, (B, Hkv, Lk, d))
+    s = scale if scale is not None else 1.0 / math.sqrt(d)
+    parts = []  # (kind, [B, H, Lq, Lk]-broadcastable tensor): kind "bool" = True may attend, "add" = added
+    if kpm is not None:
+        parts.append(("bool", torch.from_numpy(~kpm)[:, None, None, :]) if kpm.dtype == bool
+                     else ("add", torch.from_numpy(kpm.astype(np.float64))[:, None, None, :]))
+    if am is not None:
+        m = torch.from_numpy(am if am.dtype == bool else am.astype(np.float64))
+        m = m if am.ndim == 2 else m.view(B, H, Lq, Lk)
+        parts.append(("bool", ~m) if am.dtype == bool else ("add", m))
+    if bottom_right:
+        parts.append(("bool", torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=Lk - Lq)))
+    mask = None
+    if parts and all(kind == "bool" for kind, _ in parts):
+        mask = torch.ones(B, H, Lq, Lk, dtype=torch.bool)
+        for _, m in parts:
+            mask = mask & m
+    elif parts:
+        mask = torch.zeros(B, H, Lq, Lk, dtype=torch.float64)
+        for kind, m in parts:
+            mask = mask + (torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, -math.inf) if kind == "bool" else m)
+    G = H // Hkv
+    t = lambda x: torch.from_numpy(x.astype(np.float64))
+    out = torch_sdpa(t(q), t(k).repeat_interleave(G, dim=1), t(v).repeat_interleave(G, dim=1), mask, causal, s).numpy()
+    check, _ = numpy_core(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), s, kpm, am, causal,
+                          bottom_right)
+    assert np.isfinite(out).all(), name
+    assert np.allclose(out, check, rtol=0, atol=1e-12), name
+    a = {"q": q, "k": k, "v": v}
+    if kpm is not None:
+        a["key_padding_mask"] = kpm
+    if am is not None:
+        a["attn_mask"] = am
+    write_decoder_case(name, a, {"kind": "sdpa", "heads": H, "kv_heads": Hkv, "scale": scale, "causal": causal,
+                                 "causal_bottom_right": bottom_right}, out)
+
+
+def write_decoder_cases():
+    gen = torch.Generator().manual_seed(20240612)  # its own stream: the cases above stay as they were
+    half = lambda dims, theta=10000.0: {"theta": theta, "dims": dims, "style": "half"}
+    inter = lambda dims, theta=10000.0: {"theta": theta, "dims": dims, "style": "interleaved"}
+    # Llama-style: GQA (G = 2), H·d = 32 != E = 24, half pairing, causal, no biases.
+    llama_case("llama_gqa_half", gen, B=2, L=7, E=24, H=4, Hkv=2, d=8, rope=half(8))
+    # MQA (Hkv = 1), interleaved pairing, Llama 3's theta, positions near 2^20. With one start for Q and K the
+    # offset cancels in q·k (RoPE sees only i − j), so what this case tests is the angles' accuracy: d = 16
+    # puts θ_1 ≈ 0.19, an angle ≈ 2·10^5 rad, where a float angle is off by up to 2^-7 rad.
+    llama_case("llama_mqa_interleaved_offset", gen, B=2, L=6, E=32, H=4, Hkv=1, d=16, rope=inter(16, 500000.0),
+               offset=(1 << 20) - 3)
+    # Biases on every projection, rotary dims r = 4 < d = 8 (dims 4..7 not rotated), offset 5.
+    llama_case("llama_bias_partial_rope", gen, B=1, L=5, E=16, H=4, Hkv=2, d=8, rope=half(4), offset=5, bias=True)
+    # One start per sequence (B = 2), interleaved, GQA, H·d = 24 != E = 20.
+    llama_case("llama_positions", gen, B=2, L=5, E=20, H=4, Hkv=2, d=6, rope=inter(6), positions=[3, 1000])
+    # nn.MultiheadAttention with kdim / vdim != E.
+    mha_kdim_case("mha_kdim_vdim_bottom_right", gen, B=2, Lq=5, Lk=8, E=16, H=4, kdim=12, vdim=20,
+                  bottom_right=True, need="averaged")
+    mha_kdim_case("mha_kdim_vdim_key_padding", gen, B=2, Lq=6, Lk=7, E=12, H=3, kdim=10, vdim=6,
+                  kpm=bool_mask(gen, (2, 7), 0.35, lambda r: r + 2), need="per_head")
+    # The core.
+    sdpa_case("sdpa_gqa_causal", gen, B=2, H=4, Hkv=2, Lq=6, Lk=6, d=8, causal=True)
+    sdpa_case("sdpa_mqa_bottom_right_scale", gen, B=1, H=4, Hkv=1, Lq=3, Lk=8, d=16, scale=0.3, bottom_right=True)
+    sdpa_case("sdpa_bool_attn_mask", gen, B=2, H=2, Hkv=2, Lq=5, Lk=7, d=8,
+              am=bool_mask(gen, (4, 5, 7), 0.35, lambda r: r % 5))
+    kpm = f32(-3 * torch.rand(2, 9, generator=gen) + 0.5)
+    kpm[0, 4], kpm[1, 0] = -np.inf, -np.inf
+    sdpa_case("sdpa_float_key_padding_scale", gen, B=2, H=6, Hkv=3, Lq=4, Lk=9, d=4, scale=0.125, kpm=kpm,
+              am=bool_mask(gen, (4, 9), 0.3, lambda r: 1 + 2 * r))
+
+
 def main():
     if os.path.isdir(OUT):
         for entry in os.listdir(OUT):  # regenerate the case folders; keep README.md
@@ -351,7 +642,10 @@ def main():
     mha_case("need_weights_per_head", gen, B=2, Lq=4, Lk=7, E=20, H=5, cross=True, need="per_head")
     seed000_case("seed000_self_attention", gen, B=2, L=8, E=32, H=4)
     write_large_cases()
-    print("wrote", len([e for e in os.listdir(OUT) if os.path.isdir(os.path.join(OUT, e))]), "cases to", OUT)
+    write_decoder_cases()
+    count = lambda d: len([e for e in os.listdir(d) if os.path.isdir(os.path.join(d, e))])
+    print("wrote", count(OUT) - 1, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
+          os.path.join(OUT, DECODER_DIR))
 
 
 if __name__ == "__main__":
