@@ -1,21 +1,22 @@
-// Scalar reference multi-head attention (torch.nn.MultiheadAttention, batch_first, eval), built
-// from the reference kernels exactly as mha/attention.hpp writes it. For each batch b:
-//   Q = query_b·Wqᵀ + bq, K = key_b·Wkᵀ + bk, V = value_b·Wvᵀ + bv   ([L, E] each)
-//   for each head h, Qh/Kh/Vh = columns [h·d, h·d + d) viewed with stride E (seed 003's slices):
-//     S = Qh·Khᵀ / sqrt(d) + additive masks; masked entries (boolean, -inf, causal) are -inf whatever
-//     the score (a NaN score of a masked key does not poison the row); P = softmax rows of S
-//     C[:, h·d ..] = P·Vh over the keys not masked for that query (masked: boolean, -inf or causal)
-//   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + query_b).
+// Scalar reference multi-head attention (torch.nn.MultiheadAttention, batch_first, eval, extended to
+// decoder models as mha/attention.hpp writes it), built from the reference kernels. For each batch b:
+//   Q = query_b·Wqᵀ + bq [Lq, H·d],  K = key_b·Wkᵀ + bk [Lk, Hkv·d],  V = value_b·Wvᵀ + bv [Lk, Hkv·d]
+//   with RoPE: every d-wide head row of Q and of K rotated (reference::rope_row) at position start_b + i
+//   (start_b = opt.positions[b] if given, else opt.position_offset)
+//   C = attention_core over the heads of Q, K, V (query head h: columns [h·d, h·d + d) viewed with stride
+//       H·d, seed 003's slices; KV head h / (H / Hkv)), scale 1/sqrt(d), masks, causal as opt says
+//   out_b = C·Woᵀ + bo (Wo [E, H·d]), then optionally LayerNorm(out_b + query_b).
+//   need_weights: per_head is attention_core's [H, Lq, Lk] probabilities; averaged their mean over H.
+// Preconditions (checked by the public API): the Layer resolved (every size set, every bias non-null,
+// rope->dims set), key/value non-null, shapes and masks as documented, outputs not overlapping inputs.
+// Allocates its own scratch, one batch at a time.
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "reference.hpp"
 
 namespace mha::reference {
 namespace {
-
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 // y = x·Wᵀ + bias for y [rows, n], x [rows, k], W [n, k].
 void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
@@ -24,66 +25,77 @@ void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
         for (std::size_t j = 0; j < y.cols; ++j) y(i, j) += bias[j];
 }
 
-// The additive value a mask contributes at [index, i, j] (index selects the batch or batch·head).
-float mask_value(const MaskView& m, std::size_t index, std::size_t i, std::size_t j) {
-    const std::size_t rows = m.rank == 3 ? m.shape[1] : m.shape[0];
-    const std::size_t cols = m.rank == 3 ? m.shape[2] : m.shape[1];
-    const std::size_t at = (m.rank == 3 ? index * rows * cols : 0) + i * cols + j;
-    if (m.type == MaskType::boolean) return m.bools[at] ? kMinusInf : 0.0f;
-    return m.values[at];
+// Rotates each of the `heads` d-wide head rows of every row of x (a projection [L, heads·d]), row i at
+// position start + i.
+void rope_rows(Matrix x, std::size_t heads, std::size_t d, const RopeConfig& rope, std::size_t start) {
+    for (std::size_t i = 0; i < x.rows; ++i)
+        for (std::size_t h = 0; h < heads; ++h) rope_row(x.row(i) + h * d, rope, start + i);
+}
+
+// The rows of a mask that batch b sees, from `offset` elements in, as a mask of first dimension `rows`.
+MaskView mask_rows(const MaskView& m, std::size_t offset, std::size_t rows) {
+    MaskView s = m;
+    if (m.type == MaskType::boolean) s.bools += offset;
+    else s.values += offset;
+    s.shape[0] = rows;
+    return s;
+}
+
+// key_padding_mask [B, Lk] → row b as [1, Lk].
+MaskView key_padding_of_batch(const MaskView& m, std::size_t b) {
+    return m.present() ? mask_rows(m, b * m.shape[1], 1) : m;
+}
+
+// attn_mask [B·H, Lq, Lk] → batch b's H matrices as [H, Lq, Lk]; [Lq, Lk] is every batch's.
+MaskView attn_mask_of_batch(const MaskView& m, std::size_t b, std::size_t H) {
+    return m.present() && m.rank == 3 ? mask_rows(m, b * H * m.shape[1] * m.shape[2], H) : m;
 }
 
 }  // namespace
 
 void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
                          const ForwardOptions& opt) {
-    const std::size_t E = layer.E, H = layer.H, d = E / H;
+    const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 
-    const ConstMatrix wq(layer.wq, E, E), wk(layer.wk, E, E), wv(layer.wv, E, E), wo(layer.wo, E, E);
-    const float *bq = layer.bq, *bk = layer.bk, *bv = layer.bv;
+    const ConstMatrix wq(layer.wq, H * d, E), wk(layer.wk, Hkv * d, layer.kdim), wv(layer.wv, Hkv * d, layer.vdim);
+    const ConstMatrix wo(layer.wo, E, H * d);
 
-    std::vector<float> q(Lq * E), k(Lk * E), v(Lk * E), ctx(Lq * E), scores(Lq * Lk);
-    std::vector<unsigned char> masked(Lq * Lk);  // key j masked for query i (boolean, -inf or causal)
-    const Matrix Q(q.data(), Lq, E), K(k.data(), Lk, E), V(v.data(), Lk, E), C(ctx.data(), Lq, E);
-    const Matrix S(scores.data(), Lq, Lk);
+    std::vector<float> q(Lq * H * d), k(Lk * Hkv * d), v(Lk * Hkv * d), ctx(Lq * H * d);
+    std::vector<float> probs(opt.need_weights == NeedWeights::averaged ? H * Lq * Lk : 0);
+    const Matrix Q(q.data(), Lq, H * d), K(k.data(), Lk, Hkv * d), V(v.data(), Lk, Hkv * d), C(ctx.data(), Lq, H * d);
 
     for (std::size_t b = 0; b < B; ++b) {
-        linear(in.query[b], wq, bq, Q);
-        linear(in.key[b], wk, bk, K);
-        linear(in.value[b], wv, bv, V);
-        for (std::size_t h = 0; h < H; ++h) {
-            reference::gemm(scale, Q.columns(h * d, d), Trans::no, K.columns(h * d, d), Trans::yes, 0.0f, S);
-            for (std::size_t i = 0; i < Lq; ++i) {
-                for (std::size_t j = 0; j < Lk; ++j) {
-                    const float kp = in.key_padding_mask.present() ? mask_value(in.key_padding_mask, 0, b, j) : 0.0f;
-                    const float am = in.attn_mask.present() ? mask_value(in.attn_mask, b * H + h, i, j) : 0.0f;
-                    masked[i * Lk + j] = kp == kMinusInf || am == kMinusInf || (opt.causal && j > i);
-                    S(i, j) += kp;
-                    S(i, j) += am;
-                    if (masked[i * Lk + j]) S(i, j) = kMinusInf;  // whatever the score was, NaN included
-                }
-                softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
-            }
-            // C_h = P·V_h, summed over the keys each query may see: a masked key never contributes, even
-            // when its value row is NaN or ±inf (0·NaN would make the row NaN).
-            for (std::size_t i = 0; i < Lq; ++i)
-                for (std::size_t c = 0; c < d; ++c) {
-                    float sum = 0.0f;
-                    for (std::size_t j = 0; j < Lk; ++j)
-                        if (!masked[i * Lk + j]) sum += S(i, j) * V(j, h * d + c);
-                    C(i, h * d + c) = sum;
-                }
-
-            if (opt.need_weights == NeedWeights::per_head) {
-                float* dst = out.attn_weights + (b * H + h) * Lq * Lk;
-                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = scores[i];
-            } else if (opt.need_weights == NeedWeights::averaged) {
-                float* dst = out.attn_weights + b * Lq * Lk;
-                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = (h == 0 ? 0.0f : dst[i]) + scores[i] / static_cast<float>(H);
-            }
+        linear(in.query[b], wq, layer.bq, Q);
+        linear(in.key[b], wk, layer.bk, K);
+        linear(in.value[b], wv, layer.bv, V);
+        if (layer.rope) {
+            const std::size_t start = opt.positions ? opt.positions[b] : opt.position_offset;
+            rope_rows(Q, H, d, *layer.rope, start);
+            rope_rows(K, Hkv, d, *layer.rope, start);
         }
+
+        // Batch b's heads: [1, heads, L, d] views of the projections (row stride heads·d, head stride d).
+        SdpaInputs core;
+        core.query = ConstHeads(q.data(), 1, H, Lq, d, Lq * H * d, d, H * d);
+        core.key = ConstHeads(k.data(), 1, Hkv, Lk, d, Lk * Hkv * d, d, Hkv * d);
+        core.value = ConstHeads(v.data(), 1, Hkv, Lk, d, Lk * Hkv * d, d, Hkv * d);
+        core.key_padding_mask = key_padding_of_batch(in.key_padding_mask, b);
+        core.attn_mask = attn_mask_of_batch(in.attn_mask, b, H);
+        float* p = opt.need_weights == NeedWeights::per_head ? out.attn_weights + b * H * Lq * Lk
+                   : opt.need_weights == NeedWeights::averaged ? probs.data()
+                                                               : nullptr;
+        attention_core(core, Heads(ctx.data(), 1, H, Lq, d, Lq * H * d, d, H * d), scale, opt.causal,
+                       opt.causal_alignment, p);
+
+        if (opt.need_weights == NeedWeights::averaged) {
+            float* dst = out.attn_weights + b * Lq * Lk;
+            for (std::size_t h = 0; h < H; ++h)
+                for (std::size_t i = 0; i < Lq * Lk; ++i)
+                    dst[i] = (h == 0 ? 0.0f : dst[i]) + probs[h * Lq * Lk + i] / static_cast<float>(H);
+        }
+
         const Matrix y = out.output[b];
         linear(C, wo, layer.bo, y);
         if (opt.norm_eps) {
