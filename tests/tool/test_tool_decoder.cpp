@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ struct DecoderCase {
     bool seq_first = false;
     bool bias = true;  // in_proj_bias.npy
 };
+
+// gtest prints a parameter in test names and failures: its name, not its bytes.
+void PrintTo(const DecoderCase& c, std::ostream* os) { *os << c.name; }
 
 class DecoderToolTest : public mha_tool_test::ToolDirTest {};
 class DecoderVsLibrary : public DecoderToolTest, public ::testing::WithParamInterface<DecoderCase> {};
@@ -300,6 +304,7 @@ TEST_F(DecoderErrors, ProjectionColumnsDisagreeWithInputs) {
     save(dir_ / "key.npy", std::vector<float>(3 * 5, 0.0f), {1, 3, 5});  // kdim 5
     expect_failure_with(gqa_args(), {"k_proj_weight.npy has shape [8, 16] but must be [Hkv·d, kdim] = [8, 5] (kdim = 5 from key.npy)"});
     write_gqa_case();
+    fs::remove(dir_ / "key.npy");
     save(dir_ / "value.npy", std::vector<float>(3 * 7, 0.0f), {1, 3, 7});  // vdim 7, key = query
     expect_failure_with(gqa_args(), {"v_proj_weight.npy has shape [8, 16] but must be [Hkv·d, vdim] = [8, 7] (vdim = 7 from value.npy)"});
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -48,6 +49,9 @@ struct SdpaCase {
     std::optional<float> scale = std::nullopt;
     const char* impl = nullptr;  // --impl (nullptr: flag absent)
 };
+
+// gtest prints a parameter in test names and failures: its name, not its bytes.
+void PrintTo(const SdpaCase& c, std::ostream* os) { *os << c.name; }
 
 class SdpaToolTest : public mha_tool_test::ToolDirTest {};
 class SdpaVsLibrary : public SdpaToolTest, public ::testing::WithParamInterface<SdpaCase> {};
