@@ -69,11 +69,10 @@ void run_command(const RunOptions& opt) {
     if (!opt.rope_theta && (opt.rope_style || opt.rope_dims))
         fail(std::string(opt.rope_style ? "--rope-style" : "--rope-dims") + " needs --rope-theta");
 
-    const fs::path out_path = opt.out.empty() ? dir / "output.npy" : fs::path(opt.out);
+    const fs::path out_path = output_path(dir, opt.out);
     const fs::path weights_path = out_path.parent_path() / "attn_weights.npy";
     if (opt.need_weights && out_path.lexically_normal() == weights_path.lexically_normal())
         fail("output " + out_path.string() + " would be overwritten by attn_weights.npy (--need-weights)");
-    output_path(dir, opt.out);  // its folder must exist
 
     // --- load and check ----------------------------------------------------------------------
     // Where B and L sit in a batched [B, L, E] (or, with --seq-first, [L, B, E]) file.
