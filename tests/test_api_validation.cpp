@@ -174,12 +174,12 @@ TEST_F(ForwardValidation, QueryWrongFeatureCount) {
 
 TEST_F(ForwardValidation, KeyWrongFeatureCount) {
     in.key = ConstBatch(key.data(), B, Lk, 7);
-    expect_rejected("key has 7 features but embed_dim is 8");
+    expect_rejected("key has 7 features but kdim is 8");
 }
 
 TEST_F(ForwardValidation, ValueWrongFeatureCount) {
     in.value = ConstBatch(value.data(), B, Lk, 4);
-    expect_rejected("value has 4 features but embed_dim is 8");
+    expect_rejected("value has 4 features but vdim is 8");
 }
 
 TEST_F(ForwardValidation, KeyBatchMismatch) {

@@ -1,7 +1,15 @@
 // `mha bench`: times one op of the public API on random inputs (fixed seed): one warm-up call, then
 // `reps` timed calls (std::chrono::steady_clock); reports the median and minimum time and the rate
 // at the median time:
-//   attention  [B, L, E] x [B, Lk, E], H heads   gflops = (4·B·E²·(L+Lk) + 4·B·L·Lk·E) / t
+//   attention  query [B, Lq, E], key [B, Lk, kdim], value [B, Lk, vdim]; H heads, Hkv KV heads, head dim d
+//              gflops = (2·B·(Lq·E·H·d + Lk·(kdim + vdim)·Hkv·d + Lq·H·d·E) + 4·B·H·Lq·Lk·d) / t
+//              (projections q, k and v, out; then scores and P·V). nn.MultiheadAttention's shape (Hkv = H,
+//              H·d = E = kdim = vdim) gives (4·B·E²·(Lq+Lk) + 4·B·Lq·Lk·E) / t. Causal does not change the count.
+//   sdpa       q [B, H, Lq, d], k and v [B, Hkv, Lk, d]
+//              gflops = 4·B·H·d·(pairs (i, j) computed) / t: Lq·Lk pairs, or with --causal only the visible
+//              ones, Σ_i min(Lk, max(0, i + 1 + Lk − Lq)) (bottom-right aligned; the same as top-left when
+//              Lq = Lk); JSON "flops_counted": "all pairs" / "visible pairs"
+//              gbps   = K and V read once per call: 2·B·Hkv·Lk·d·4 bytes / t
 //   gemm       C[m, n] = A[m, k]·B[n, k]ᵀ        gflops = 2·m·n·k / t
 //   softmax    [rows, cols] in place              gbps   = 2·rows·cols·4 bytes / t   (read + write)
 //   layernorm  [rows, cols] → [rows, cols]        gbps   = 2·rows·cols·4 bytes / t
@@ -64,6 +72,7 @@ std::vector<float> random_values(std::size_t n, float amplitude, std::mt19937& r
 const char* op_name(BenchOp op) {
     switch (op) {
         case BenchOp::attention: return "attention";
+        case BenchOp::sdpa: return "sdpa";
         case BenchOp::gemm: return "gemm";
         case BenchOp::softmax: return "softmax";
         case BenchOp::layernorm: return "layernorm";
@@ -83,12 +92,12 @@ const char* impl_name(Impl impl) {
 }  // namespace
 
 void bench_command(const BenchOptions& opt) {
-    const bool kernel = opt.op != BenchOp::attention;
+    const bool kernel = opt.op != BenchOp::attention && opt.op != BenchOp::sdpa;
     if (kernel && opt.threads && *opt.threads != 1)
         throw tool_error("--threads " + std::to_string(*opt.threads) + " is not supported for --op " + op_name(opt.op) +
                          ": the kernels are single-threaded (use --threads 1 or leave it out)");
     // Threads actually used. The kernels and the scalar backend (the plain-loop reference) run on one;
-    // the SIMD attention runs on oneTBB's pool: 0 means all of it, and a larger request is clamped to it.
+    // the SIMD attention and sdpa run on oneTBB's pool: 0 means all of it, and a larger request is clamped to it.
     const int pool = tbb::this_task_arena::max_concurrency();
     const int requested = opt.threads.value_or(0);
     const int threads = kernel || opt.backend == Backend::scalar ? 1 : requested == 0 ? pool : std::min(requested, pool);
@@ -107,23 +116,60 @@ void bench_command(const BenchOptions& opt) {
     switch (opt.op) {
         case BenchOp::attention: {
             const std::size_t B = opt.batch, L = opt.seq, Lk = opt.kv_seq.value_or(opt.seq), E = opt.embed, H = opt.heads;
+            const std::size_t Hkv = opt.kv_heads.value_or(H);
+            if (!opt.head_dim && E % H != 0)
+                throw tool_error("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
+                                 " (the head dim defaults to --embed / --heads; give --head-dim)");
+            const std::size_t d = opt.head_dim.value_or(E / H);
+            const std::size_t kdim = opt.kdim.value_or(E), vdim = opt.vdim.value_or(kdim);
+            const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
+            // nn.MultiheadAttention's shape uses the packed in_proj_weight; any other the separate q/k/v weights.
+            const bool packed = Hkv == H && Hd == E && kdim == E && vdim == E;
             const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));  // keeps projections O(1)
+            const float k_amp = 1.0f / std::sqrt(static_cast<float>(kdim)), v_amp = 1.0f / std::sqrt(static_cast<float>(vdim));
             const std::vector<float> query = random_values(count_of("query", {B, L, E}), 1.0f, rng);
-            const std::vector<float> key = Lk != L ? random_values(count_of("key", {B, Lk, E}), 1.0f, rng) : std::vector<float>{};
-            const std::vector<float> in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
-            const std::vector<float> in_b = random_values(3 * E, w_amp, rng);
-            const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, E}), w_amp, rng);
+            // Self-attention (key = value = query) unless the lengths or widths differ.
+            const bool own_key = Lk != L || kdim != E, own_value = vdim != kdim;
+            const std::vector<float> key = own_key ? random_values(count_of("key", {B, Lk, kdim}), 1.0f, rng) : std::vector<float>{};
+            const std::vector<float> value =
+                own_value ? random_values(count_of("value", {B, Lk, vdim}), 1.0f, rng) : std::vector<float>{};
+            std::vector<float> in_w, q_w, k_w, v_w;
+            if (packed) {
+                in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
+            } else {
+                q_w = random_values(count_of("q_proj_weight", {Hd, E}), w_amp, rng);
+                k_w = random_values(count_of("k_proj_weight", {Hkvd, kdim}), k_amp, rng);
+                v_w = random_values(count_of("v_proj_weight", {Hkvd, vdim}), v_amp, rng);
+            }
+            const std::vector<float> in_b = random_values(Hd + 2 * Hkvd, w_amp, rng);
+            const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, Hd}), 1.0f / std::sqrt(float(Hd)), rng);
             const std::vector<float> out_b = random_values(E, w_amp, rng);
             std::vector<float> output(query.size());
             AttentionWeights w;
-            w.in_proj_weight = in_w.data();
+            w.in_proj_weight = packed ? in_w.data() : nullptr;
+            w.q_proj_weight = packed ? nullptr : q_w.data();
+            w.k_proj_weight = packed ? nullptr : k_w.data();
+            w.v_proj_weight = packed ? nullptr : v_w.data();
             w.in_proj_bias = in_b.data();
             w.out_proj_weight = out_w.data();
             w.out_proj_bias = out_b.data();
-            const MultiheadAttention attention(w, E, H);
+            AttentionConfig config;
+            config.embed_dim = E;
+            config.num_heads = H;
+            config.num_kv_heads = Hkv;
+            config.head_dim = d;
+            config.kdim = kdim;
+            config.vdim = vdim;
+            if (opt.rope_theta) {
+                RopeConfig rope;
+                rope.theta = *opt.rope_theta;
+                config.rope = rope;
+            }
+            const MultiheadAttention attention(w, config);
             AttentionInputs in;
             in.query = ConstBatch(query.data(), B, L, E);
-            if (!key.empty()) in.key = ConstBatch(key.data(), B, Lk, E);  // cross-attention; else self-attention
+            if (own_key) in.key = ConstBatch(key.data(), B, Lk, kdim);  // cross-attention; else self-attention
+            if (own_value) in.value = ConstBatch(value.data(), B, Lk, vdim);
             AttentionOutputs out;
             out.output = Batch(output.data(), B, L, E);
             ForwardOptions fo;
@@ -132,14 +178,57 @@ void bench_command(const BenchOptions& opt) {
             fo.threads = opt.threads.value_or(0);
             fo.impl = opt.impl;
             t = time_calls(opt.reps, [&] { attention.forward(in, out, fo); });
-            const double b = double(B), l = double(L), lk = double(Lk), e = double(E);
-            flops = 4 * b * e * e * (l + lk) + 4 * b * l * lk * e;
+            const double b = double(B), l = double(L), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
+            flops = 2 * b * (l * e * hd + lk * (double(kdim) + double(vdim)) * hkvd + l * hd * e) + 4 * b * l * lk * hd;
             j["impl"] = impl_name(opt.impl);
             j["causal"] = opt.causal;
             j["batch"] = B, j["seq"] = L, j["kv_seq"] = Lk, j["embed"] = E, j["heads"] = H;
+            j["kv_heads"] = Hkv, j["head_dim"] = d, j["kdim"] = kdim, j["vdim"] = vdim;
+            j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);
             shape = "batch=" + std::to_string(B) + " seq=" + std::to_string(L) + " kv_seq=" + std::to_string(Lk) +
-                    " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " impl=" + impl_name(opt.impl) +
+                    " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
+                    " head_dim=" + std::to_string(d) + (packed ? "" : " kdim=" + std::to_string(kdim) + " vdim=" + std::to_string(vdim)) +
+                    (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") + " impl=" + impl_name(opt.impl) +
                     (opt.causal ? " causal" : "");
+            break;
+        }
+        case BenchOp::sdpa: {
+            const std::size_t B = opt.batch, Lq = opt.seq, Lk = opt.kv_seq.value_or(opt.seq), H = opt.heads;
+            const std::size_t Hkv = opt.kv_heads.value_or(H), d = opt.head_dim.value_or(64);
+            const std::vector<float> q = random_values(count_of("q", {B, H, Lq, d}), 1.0f, rng);
+            const std::vector<float> k = random_values(count_of("k", {B, Hkv, Lk, d}), 1.0f, rng);
+            const std::vector<float> v = random_values(count_of("v", {B, Hkv, Lk, d}), 1.0f, rng);
+            std::vector<float> output(q.size());
+            SdpaInputs in;
+            in.query = ConstHeads::bhld(q.data(), B, H, Lq, d);
+            in.key = ConstHeads::bhld(k.data(), B, Hkv, Lk, d);
+            in.value = ConstHeads::bhld(v.data(), B, Hkv, Lk, d);
+            const Heads out = Heads::bhld(output.data(), B, H, Lq, d);
+            SdpaOptions so;
+            so.causal = opt.causal;
+            so.causal_alignment = CausalAlignment::bottom_right;  // the same as top-left when Lq == Lk
+            so.backend = opt.backend;
+            so.threads = opt.threads.value_or(0);
+            so.impl = opt.impl;
+            t = time_calls(opt.reps, [&] { scaled_dot_product_attention(in, out, so); });
+            // Pairs (i, j) whose score is computed: all, or with causal those with j <= i + Lk − Lq.
+            double pairs = double(Lq) * double(Lk);
+            if (opt.causal) {
+                pairs = 0;
+                for (std::size_t i = 0; i < Lq; ++i) {
+                    const double visible = double(i) + 1.0 + double(Lk) - double(Lq);  // exact: all below 2^53
+                    pairs += std::min(double(Lk), std::max(0.0, visible));
+                }
+            }
+            flops = 4.0 * double(B) * double(H) * double(d) * pairs;
+            bytes = 2.0 * double(B) * double(Hkv) * double(Lk) * double(d) * sizeof(float);
+            j["impl"] = impl_name(opt.impl);
+            j["causal"] = opt.causal;
+            j["batch"] = B, j["heads"] = H, j["kv_heads"] = Hkv, j["head_dim"] = d, j["seq"] = Lq, j["kv_seq"] = Lk;
+            j["flops_counted"] = opt.causal ? "visible pairs" : "all pairs";
+            shape = "batch=" + std::to_string(B) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
+                    " head_dim=" + std::to_string(d) + " seq=" + std::to_string(Lq) + " kv_seq=" + std::to_string(Lk) +
+                    " impl=" + impl_name(opt.impl) + (opt.causal ? " causal" : "");
             break;
         }
         case BenchOp::gemm: {
@@ -181,20 +270,26 @@ void bench_command(const BenchOptions& opt) {
     const double seconds = t.median_ms * 1e-3;
     j["ms_median"] = t.median_ms;
     j["ms_min"] = t.min_ms;
-    if (kernel && opt.op != BenchOp::gemm)
-        j["gbps"] = bytes / seconds / 1e9;
-    else
-        j["gflops"] = flops / seconds / 1e9;
+    if (opt.op != BenchOp::softmax && opt.op != BenchOp::layernorm) j["gflops"] = flops / seconds / 1e9;
+    if (opt.op != BenchOp::attention && opt.op != BenchOp::gemm) j["gbps"] = bytes / seconds / 1e9;
 
     if (opt.json) {
         std::printf("%s\n", j.dump().c_str());
         return;
     }
-    const bool rate_is_bytes = j.contains("gbps");
-    std::printf("%s %s backend=%s isa=%s threads=%d reps=%d: median %.3f ms, min %.3f ms, %.2f %s\n", op_name(opt.op),
-                shape.c_str(), j["backend"].get<std::string>().c_str(), j["isa"].get<std::string>().c_str(), threads,
-                opt.reps, t.median_ms, t.min_ms, rate_is_bytes ? j["gbps"].get<double>() : j["gflops"].get<double>(),
-                rate_is_bytes ? "GB/s" : "GFLOP/s");
+    std::string rates;
+    char buf[64];
+    if (j.contains("gflops")) {
+        std::snprintf(buf, sizeof buf, ", %.2f GFLOP/s", j["gflops"].get<double>());
+        rates += buf;
+    }
+    if (j.contains("gbps")) {
+        std::snprintf(buf, sizeof buf, ", %.2f GB/s", j["gbps"].get<double>());
+        rates += buf;
+    }
+    std::printf("%s %s backend=%s isa=%s threads=%d reps=%d: median %.3f ms, min %.3f ms%s\n", op_name(opt.op), shape.c_str(),
+                j["backend"].get<std::string>().c_str(), j["isa"].get<std::string>().c_str(), threads, opt.reps, t.median_ms,
+                t.min_ms, rates.c_str());
 }
 
 }  // namespace mha::tool

@@ -1,4 +1,5 @@
-// The subcommands of the `mha` tool: their options (filled by CLI11 in mha_main.cpp) and entry points.
+// The subcommands of the `mha` tool (run, sdpa, bench): their options (filled by CLI11 in mha_main.cpp)
+// and entry points.
 // Each entry point throws on bad input (npy::error, mha::invalid_argument, tool_error); mha_main.cpp
 // turns any exception into one line on stderr and a nonzero exit code.
 #pragma once
@@ -8,6 +9,7 @@
 #include <string>
 
 #include <mha/mha.hpp>
+#include <mha/sdpa.hpp>
 
 namespace mha::tool {
 
@@ -20,7 +22,14 @@ public:
 struct RunOptions {
     std::string npy_dir;
     std::size_t heads = 0;
+    std::optional<std::size_t> kv_heads;  // absent: heads
+    std::optional<std::size_t> head_dim;  // absent: q_proj_weight.npy rows / heads, or E / heads
+    std::optional<float> rope_theta;      // set: rotary embeddings on
+    std::optional<RopeStyle> rope_style;  // only with rope_theta; absent: half
+    std::optional<std::size_t> rope_dims; // only with rope_theta; absent: the head dim
+    std::size_t position_offset = 0;
     bool causal = false;
+    CausalAlignment causal_alignment = CausalAlignment::top_left;
     std::optional<float> norm_eps;
     bool need_weights = false;
     Backend backend = Backend::simd;
@@ -34,13 +43,32 @@ struct RunOptions {
 // Nothing is written unless every input is valid and the forward pass succeeded.
 void run_command(const RunOptions& options);
 
-enum class BenchOp { attention, gemm, softmax, layernorm };
+// `mha sdpa`: scaled_dot_product_attention on q.npy [B, H, Lq, d], k.npy / v.npy [B, Hkv, Lk, d] and the
+// optional masks; writes output.npy [B, H, Lq, d]. Nothing is written unless everything succeeded.
+struct SdpaCommandOptions {
+    std::string npy_dir;
+    bool causal = false;
+    CausalAlignment causal_alignment = CausalAlignment::top_left;
+    std::optional<float> scale;  // absent: 1/sqrt(d)
+    Backend backend = Backend::simd;
+    int threads = 0;
+    Impl impl = Impl::automatic;
+    std::string out;  // empty: <npy_dir>/output.npy
+};
+
+void sdpa_command(const SdpaCommandOptions& options);
+
+enum class BenchOp { attention, sdpa, gemm, softmax, layernorm };
 
 struct BenchOptions {
     BenchOp op = BenchOp::attention;
-    // attention
+    // attention, sdpa
     std::size_t batch = 8, seq = 128, embed = 768, heads = 12;
-    std::optional<std::size_t> kv_seq;  // default: seq
+    std::optional<std::size_t> kv_seq;    // default: seq
+    std::optional<std::size_t> kv_heads;  // default: heads
+    std::optional<std::size_t> head_dim;  // default: attention embed / heads; sdpa 64
+    std::optional<std::size_t> kdim, vdim;     // attention: key / value features, default embed
+    std::optional<float> rope_theta;           // attention: rotary embeddings (half style, all dims)
     bool causal = false;
     Impl impl = Impl::automatic;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ

@@ -1,4 +1,5 @@
-// The `mha` command-line tool: `mha run` (attention on .npy files), `mha bench` (time one op),
+// The `mha` command-line tool: `mha run` (attention on .npy files), `mha sdpa` (the attention core on
+// already-projected heads in .npy files), `mha bench` (time one op),
 // `mha --version`, `mha --help`. Flags are parsed by CLI11. Every error, from the flags or from the
 // work, is reported as exactly one line on stderr with a nonzero exit code.
 #include <cstdlib>
@@ -32,8 +33,13 @@ void print_error(const std::string& where, const std::string& message) {
 const std::map<std::string, mha::Backend> backend_names{{"scalar", mha::Backend::scalar}, {"simd", mha::Backend::simd}};
 const std::map<std::string, mha::Impl> impl_names{
     {"auto", mha::Impl::automatic}, {"materialized", mha::Impl::materialized}, {"fused", mha::Impl::fused}};
-const std::map<std::string, BenchOp> op_names{
-    {"attention", BenchOp::attention}, {"gemm", BenchOp::gemm}, {"softmax", BenchOp::softmax}, {"layernorm", BenchOp::layernorm}};
+const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
+                                              {"sdpa", BenchOp::sdpa},
+                                              {"gemm", BenchOp::gemm},
+                                              {"softmax", BenchOp::softmax},
+                                              {"layernorm", BenchOp::layernorm}};
+const std::map<std::string, mha::RopeStyle> rope_style_names{{"half", mha::RopeStyle::half},
+                                                             {"interleaved", mha::RopeStyle::interleaved}};
 
 }  // namespace
 
@@ -58,15 +64,38 @@ int main(int argc, char** argv) {
 
     // --- mha run ------------------------------------------------------------------------------
     RunOptions run_opts;
-    float norm_eps = 0.0f;
+    float norm_eps = 0.0f, rope_theta = 0.0f;
+    std::size_t kv_heads = 0, head_dim = 0, rope_dims = 0;
+    std::string rope_style;
     CLI::App* run = app.add_subcommand("run", "Run attention on PyTorch-named .npy files and write output.npy");
     run->add_option("--npy", run_opts.npy_dir,
-                    "Folder with query.npy, in_proj_weight.npy, out_proj.weight.npy (required) and optionally "
-                    "key.npy, value.npy, in_proj_bias.npy, out_proj.bias.npy, key_padding_mask.npy, attn_mask.npy, "
-                    "norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
+                    "Folder with query.npy, out_proj.weight.npy and either in_proj_weight.npy or q_proj_weight.npy, "
+                    "k_proj_weight.npy, v_proj_weight.npy (required); optionally key.npy, value.npy (widths kdim, "
+                    "vdim: any with the separate q/k/v weights), in_proj_bias.npy, out_proj.bias.npy, "
+                    "key_padding_mask.npy, attn_mask.npy, norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
         ->required();
-    run->add_option("--heads", run_opts.heads, "Number of heads H (must divide the embed dim)")->required()->check(positive);
-    run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
+    run->add_option("--heads", run_opts.heads, "Number of query heads H")->required()->check(positive);
+    CLI::Option* kv_heads_opt =
+        run->add_option("--kv-heads", kv_heads, "Number of key/value heads Hkv (grouped-query attention; H % Hkv == 0; default H)")
+            ->check(positive);
+    CLI::Option* head_dim_opt = run->add_option("--head-dim", head_dim,
+                                                "Head dim d (default: q_proj_weight.npy's rows / H with the separate "
+                                                "weights, else E / H)")
+                                    ->check(positive);
+    CLI::Option* rope_theta_opt =
+        run->add_option("--rope-theta", rope_theta, "Rotary position embeddings with this base (e.g. 10000) on Q and K");
+    CLI::Option* rope_style_opt =
+        run->add_option("--rope-style", rope_style, "Rotary pairs: half (GPT-NeoX, HF Llama; default) or interleaved (GPT-J)")
+            ->check(CLI::IsMember(rope_style_names))
+            ->needs(rope_theta_opt);
+    CLI::Option* rope_dims_opt =
+        run->add_option("--rope-dims", rope_dims, "Rotary dims per head (even; default: the head dim)")->check(positive)->needs(rope_theta_opt);
+    run->add_option("--position-offset", run_opts.position_offset, "Rotary position of the first query and key row (default 0)")
+        ->needs(rope_theta_opt);
+    CLI::Option* run_causal = run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
+    bool run_bottom_right = false;
+    run->add_flag("--causal-bottom-right", run_bottom_right, "Mask key j for query i when j > i + Lk - Lq (new tokens at the end)")
+        ->excludes(run_causal);
     CLI::Option* norm_opt = run->add_option("--norm-eps", norm_eps, "Apply the post-norm block LayerNorm(out + query) with this eps");
     run->add_flag("--need-weights", run_opts.need_weights, "Also write attn_weights.npy (averaged over heads) next to the output");
     std::string run_backend = "simd", run_impl = "auto";
@@ -78,26 +107,68 @@ int main(int argc, char** argv) {
                   "of [B, L, E]; masks and attn_weights.npy keep their shapes; unbatched [L, E] files are unaffected");
     run->add_option("--out", run_opts.out, "Output file (default: <npy dir>/output.npy)");
 
+    // --- mha sdpa -----------------------------------------------------------------------------
+    SdpaCommandOptions sdpa_opts;
+    float sdpa_scale = 0.0f;
+    CLI::App* sdpa = app.add_subcommand("sdpa",
+                                        "Scaled dot-product attention on already-projected heads in .npy files "
+                                        "(F.scaled_dot_product_attention with grouped-query heads); writes output.npy");
+    sdpa->add_option("--npy", sdpa_opts.npy_dir,
+                     "Folder with q.npy [B, H, Lq, d], k.npy and v.npy [B, Hkv, Lk, d] (H % Hkv == 0) and optionally "
+                     "key_padding_mask.npy [B, Lk], attn_mask.npy [Lq, Lk] or [B*H, Lq, Lk] (bool/uint8: true = masked; "
+                     "float: added to the scores)")
+        ->required();
+    CLI::Option* sdpa_causal = sdpa->add_flag("--causal", sdpa_opts.causal, "Mask key j for query i when j > i (top-left)");
+    bool sdpa_bottom_right = false;
+    sdpa->add_flag("--causal-bottom-right", sdpa_bottom_right, "Mask key j for query i when j > i + Lk - Lq (bottom-right)")
+        ->excludes(sdpa_causal);
+    CLI::Option* scale_opt = sdpa->add_option("--scale", sdpa_scale, "Score scale (default 1/sqrt(d))");
+    std::string sdpa_backend = "simd", sdpa_impl = "auto";
+    sdpa->add_option("--backend", sdpa_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
+    sdpa->add_option("--threads", sdpa_opts.threads, "Threads (0: all cores)")->check(thread_count);
+    sdpa->add_option("--impl", sdpa_impl, "auto (default), materialized or fused")->check(CLI::IsMember(impl_names));
+    sdpa->add_option("--out", sdpa_opts.out, "Output file (default: <npy dir>/output.npy)");
+
     // --- mha bench ----------------------------------------------------------------------------
     BenchOptions bench_opts;
-    std::size_t kv_seq = 0;
+    std::size_t kv_seq = 0, bench_kv_heads = 0, bench_head_dim = 0, bench_kdim = 0, bench_vdim = 0;
+    float bench_rope_theta = 0.0f;
     int threads = 0;
     CLI::App* bench = app.add_subcommand("bench", "Time one op on random inputs (one warm-up, then --reps timed runs)");
     std::string bench_op, bench_backend = "simd", bench_impl = "auto";
-    bench->add_option("--op", bench_op, "The op to time: attention, gemm, softmax or layernorm")->required()->check(CLI::IsMember(op_names));
+    bench->add_option("--op", bench_op, "The op to time: attention, sdpa, gemm, softmax or layernorm")
+        ->required()
+        ->check(CLI::IsMember(op_names));
     // Options that only make sense for some ops; giving one to another op is an error.
     std::vector<std::pair<CLI::Option*, std::vector<BenchOp>>> op_specific;
     auto only_for = [&](CLI::Option* o, std::vector<BenchOp> ops) { op_specific.emplace_back(o, std::move(ops)); };
-    const std::vector<BenchOp> attention{BenchOp::attention};
-    only_for(bench->add_option("--batch", bench_opts.batch, "attention: batch B (default 8)")->check(positive), attention);
-    only_for(bench->add_option("--seq", bench_opts.seq, "attention: query length L (default 128)")->check(positive), attention);
-    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention: key/value length (default: --seq)")->check(positive);
-    only_for(kv_opt, attention);
+    const std::vector<BenchOp> attention{BenchOp::attention}, heads_ops{BenchOp::attention, BenchOp::sdpa};
+    only_for(bench->add_option("--batch", bench_opts.batch, "attention/sdpa: batch B (default 8)")->check(positive), heads_ops);
+    only_for(bench->add_option("--seq", bench_opts.seq, "attention/sdpa: query length Lq (default 128)")->check(positive), heads_ops);
+    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention/sdpa: key/value length Lk (default: --seq)")->check(positive);
+    only_for(kv_opt, heads_ops);
     only_for(bench->add_option("--embed", bench_opts.embed, "attention: embed dim E (default 768)")->check(positive), attention);
-    only_for(bench->add_option("--heads", bench_opts.heads, "attention: heads H (default 12)")->check(positive), attention);
-    only_for(bench->add_flag("--causal", bench_opts.causal, "attention: causal mask"), attention);
-    only_for(bench->add_option("--impl", bench_impl, "attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names)),
-             attention);
+    only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa: query heads H (default 12)")->check(positive), heads_ops);
+    CLI::Option* bench_kv_heads_opt =
+        bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa: key/value heads Hkv (default: --heads)")->check(positive);
+    only_for(bench_kv_heads_opt, heads_ops);
+    CLI::Option* bench_head_dim_opt =
+        bench->add_option("--head-dim", bench_head_dim, "attention/sdpa: head dim d (default: attention E / H, sdpa 64)")->check(positive);
+    only_for(bench_head_dim_opt, heads_ops);
+    CLI::Option* kdim_opt = bench->add_option("--kdim", bench_kdim, "attention: key features (default: --embed)")->check(positive);
+    only_for(kdim_opt, attention);
+    CLI::Option* vdim_opt = bench->add_option("--vdim", bench_vdim, "attention: value features (default: --kdim)")->check(positive);
+    only_for(vdim_opt, attention);
+    CLI::Option* bench_rope_opt =
+        bench->add_option("--rope-theta", bench_rope_theta, "attention: rotary embeddings (half style, all dims) with this base");
+    only_for(bench_rope_opt, attention);
+    only_for(bench->add_flag("--causal", bench_opts.causal,
+                             "attention: causal mask (top-left); sdpa: causal mask (bottom-right when --kv-seq differs; "
+                             "gflops count only the visible pairs)"),
+             heads_ops);
+    only_for(bench->add_option("--impl", bench_impl, "attention/sdpa: auto (default), materialized or fused")
+                 ->check(CLI::IsMember(impl_names)),
+             heads_ops);
     only_for(bench->add_option("--m", bench_opts.m, "gemm: rows of A and C (default 1024)")->check(positive), {BenchOp::gemm});
     only_for(bench->add_option("--n", bench_opts.n, "gemm: rows of B, cols of C (default 2304)")->check(positive), {BenchOp::gemm});
     only_for(bench->add_option("--k", bench_opts.k, "gemm: reduction length (default 768)")->check(positive), {BenchOp::gemm});
@@ -107,15 +178,16 @@ int main(int argc, char** argv) {
              {BenchOp::softmax, BenchOp::layernorm});
     bench->add_option("--backend", bench_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     CLI::Option* threads_opt = bench->add_option("--threads", threads,
-                                                 "Threads (attention: 0 = all cores, the default; the kernels are "
+                                                 "Threads (attention, sdpa: 0 = all cores, the default; the kernels are "
                                                  "single-threaded and accept only 1)")
                                    ->check(thread_count);
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
     // CLI11 would say "A subcommand is required" for a misspelt one; name it instead.
-    if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "run" && std::string(argv[1]) != "bench") {
-        print_error("mha", "unknown command '" + std::string(argv[1]) + "': expected run or bench (see --help)");
+    if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "run" && std::string(argv[1]) != "sdpa" &&
+        std::string(argv[1]) != "bench") {
+        print_error("mha", "unknown command '" + std::string(argv[1]) + "': expected run, sdpa or bench (see --help)");
         return static_cast<int>(CLI::ExitCodes::ExtrasError);
     }
 
@@ -123,7 +195,7 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-        const CLI::App* sub = *run ? run : *bench ? bench : nullptr;
+        const CLI::App* sub = *run ? run : *sdpa ? sdpa : *bench ? bench : nullptr;
         print_error(sub ? "mha " + sub->get_name() : std::string("mha"), std::string(e.what()) + " (see --help)");
         return e.get_exit_code();
     }
@@ -134,7 +206,25 @@ int main(int argc, char** argv) {
             if (norm_opt->count() > 0) run_opts.norm_eps = norm_eps;
             run_opts.backend = backend_names.at(run_backend);
             run_opts.impl = impl_names.at(run_impl);
+            if (kv_heads_opt->count() > 0) run_opts.kv_heads = kv_heads;
+            if (head_dim_opt->count() > 0) run_opts.head_dim = head_dim;
+            if (rope_theta_opt->count() > 0) run_opts.rope_theta = rope_theta;
+            if (rope_style_opt->count() > 0) run_opts.rope_style = rope_style_names.at(rope_style);
+            if (rope_dims_opt->count() > 0) run_opts.rope_dims = rope_dims;
+            if (run_bottom_right) {
+                run_opts.causal = true;
+                run_opts.causal_alignment = mha::CausalAlignment::bottom_right;
+            }
             run_command(run_opts);
+        } else if (*sdpa) {
+            if (sdpa_bottom_right) {
+                sdpa_opts.causal = true;
+                sdpa_opts.causal_alignment = mha::CausalAlignment::bottom_right;
+            }
+            if (scale_opt->count() > 0) sdpa_opts.scale = sdpa_scale;
+            sdpa_opts.backend = backend_names.at(sdpa_backend);
+            sdpa_opts.impl = impl_names.at(sdpa_impl);
+            sdpa_command(sdpa_opts);
         } else {
             bench_opts.op = op_names.at(bench_op);
             bench_opts.backend = backend_names.at(bench_backend);
@@ -146,6 +236,11 @@ int main(int argc, char** argv) {
             }
             if (kv_opt->count() > 0) bench_opts.kv_seq = kv_seq;
             if (threads_opt->count() > 0) bench_opts.threads = threads;
+            if (bench_kv_heads_opt->count() > 0) bench_opts.kv_heads = bench_kv_heads;
+            if (bench_head_dim_opt->count() > 0) bench_opts.head_dim = bench_head_dim;
+            if (kdim_opt->count() > 0) bench_opts.kdim = bench_kdim;
+            if (vdim_opt->count() > 0) bench_opts.vdim = bench_vdim;
+            if (bench_rope_opt->count() > 0) bench_opts.rope_theta = bench_rope_theta;
             bench_command(bench_opts);
         }
     } catch (const std::bad_alloc&) {

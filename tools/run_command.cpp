@@ -1,18 +1,25 @@
-// `mha run`: multi-head attention on PyTorch-named .npy files.
-//   DIR/query.npy [B, Lq, E] or [Lq, E] (unbatched), key.npy / value.npy [B, Lk, E] (default: query;
-//   value defaults to key), in_proj_weight.npy [3E, E], in_proj_bias.npy [3E], out_proj.weight.npy [E, E],
-//   out_proj.bias.npy [E], key_padding_mask.npy [B, Lk] ([Lk] unbatched), attn_mask.npy [Lq, Lk] or
-//   [B·H, Lq, Lk] (bool/uint8: true = masked; float: added to the scores), norm.weight.npy / norm.bias.npy [E]
-//   (only with --norm-eps). Writes output.npy (float32, the query's shape) and, with --need-weights,
-//   attn_weights.npy [B, Lq, Lk] ([Lq, Lk] unbatched) next to it.
-//   --seq-first (PyTorch's batch_first=False): query.npy [Lq, B, E], key.npy / value.npy [Lk, B, E] and
-//   output.npy [Lq, B, E]; masks and attn_weights.npy keep the shapes above, and unbatched [L, E] files
+// `mha run`: multi-head attention on PyTorch-named .npy files (H = --heads, Hkv = --kv-heads, default H;
+// d = the head dim, below).
+//   DIR/query.npy [B, Lq, E] or [Lq, E] (unbatched); key.npy [B, Lk, kdim] (default: query) and
+//   value.npy [B, Lk, vdim] (default: key).
+//   Input projections, one of two sets:
+//     packed    in_proj_weight.npy [H·d + 2·Hkv·d, E] (nn.MultiheadAttention's [3E, E]; needs kdim = vdim = E)
+//     separate  q_proj_weight.npy [H·d, E], k_proj_weight.npy [Hkv·d, kdim], v_proj_weight.npy [Hkv·d, vdim]
+//               (nn.MultiheadAttention's names when kdim / vdim != E; Hugging Face's q_proj / k_proj / v_proj)
+//   in_proj_bias.npy [H·d + 2·Hkv·d] (q; k; v), out_proj.weight.npy [E, H·d], out_proj.bias.npy [E],
+//   key_padding_mask.npy [B, Lk] ([Lk] unbatched), attn_mask.npy [Lq, Lk] or [B·H, Lq, Lk] (bool/uint8:
+//   true = masked; float: added to the scores), norm.weight.npy / norm.bias.npy [E] (only with --norm-eps).
+//   The head dim d: --head-dim; without it q_proj_weight.npy's rows / H (separate weights) or E / H (packed).
+//   Writes output.npy (float32, the query's shape) and, with --need-weights, attn_weights.npy [B, Lq, Lk]
+//   ([Lq, Lk] unbatched) next to it.
+//   --rope-theta T turns on rotary embeddings (--rope-style half|interleaved, --rope-dims R) at positions
+//   --position-offset + i; --causal masks key j > i, --causal-bottom-right key j > i + Lk − Lq.
+//   --seq-first (PyTorch's batch_first=False): query.npy [Lq, B, E], key.npy / value.npy [Lk, B, kdim / vdim]
+//   and output.npy [Lq, B, E]; masks and attn_weights.npy keep the shapes above, and unbatched [L, E] files
 //   are the same in both layouts. The arrays go to the library as strided views (row stride B·E, batch
 //   stride E) and the output is written in place in [Lq, B, E]: nothing is transposed.
 // Order of work: load and check everything, compute, then write each file under a temporary name and
 // rename, so an error leaves no output file behind.
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -21,6 +28,7 @@
 
 #include "commands.hpp"
 #include "npy.hpp"
+#include "npy_files.hpp"
 
 namespace mha::tool {
 
@@ -28,70 +36,29 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Input {
-    std::string file;  // "query.npy": the name used in messages
-    npy::Array array;
-    const std::vector<std::size_t>& shape() const { return array.shape; }
-    std::string shape_str() const { return npy::shape_string(array.shape); }
-};
+std::string str(std::size_t n) { return std::to_string(n); }
 
-[[noreturn]] void fail(const std::string& message) { throw tool_error(message); }
-
-std::optional<Input> load_input(const fs::path& dir, const std::string& file, bool required) {
-    const fs::path path = dir / file;
-    std::error_code ec;
-    const bool exists = fs::exists(path, ec);
-    if (!exists && !ec) {
-        if (required) fail((path.string() + ": required input is missing"));
-        return std::nullopt;
-    }
-    return Input{file, npy::load(path.string())};  // npy::load reports unreadable files itself
+// a·b, or a tool_error naming the product when it overflows size_t.
+std::size_t checked_mul(std::size_t a, std::size_t b, const std::string& what) {
+    std::size_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) fail(what + " = " + str(a) + " × " + str(b) + " overflows size_t");
+    return r;
 }
 
-void require_float(const Input& in) {
-    if (in.array.dtype != npy::DType::float32 && in.array.dtype != npy::DType::float64)
-        fail(in.file + " has dtype " + npy::dtype_name(in.array.dtype) + " but must be float32 or float64");
-}
-
-void require_shape(const Input& in, const std::vector<std::size_t>& want, const std::string& formula) {
-    if (in.shape() != want)
-        fail(in.file + " has shape " + in.shape_str() + " but must be " + formula + " = " + npy::shape_string(want));
-}
-
-// The mask as the library's view, with dims (the file's shape, or [1, Lk] for an unbatched key_padding_mask).
-MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims) {
-    const bool boolean = in.array.dtype == npy::DType::boolean || in.array.dtype == npy::DType::uint8;
-    const std::uint8_t* bools = in.array.bytes.data();
-    const float* values = in.array.values.data();
-    if (dims.size() == 2)
-        return boolean ? MaskView::boolean(bools, dims[0], dims[1]) : MaskView::additive(values, dims[0], dims[1]);
-    return boolean ? MaskView::boolean(bools, dims[0], dims[1], dims[2]) : MaskView::additive(values, dims[0], dims[1], dims[2]);
-}
-
-struct OutputFile {
-    fs::path path;
-    const std::vector<float>* data;
-    std::vector<std::size_t> shape;
-};
-
-// Writes every file under a temporary name, then renames them all; on any failure removes what it wrote.
-void write_outputs(const std::vector<OutputFile>& files) {
-    const std::string suffix = ".tmp" + std::to_string(::getpid());
-    std::vector<fs::path> written;
-    try {
-        for (const OutputFile& f : files) {
-            written.push_back(f.path.string() + suffix);
-            npy::save(written.back().string(), f.data->data(), f.shape);
-        }
-        for (std::size_t i = 0; i < files.size(); ++i) {
-            fs::rename(written[i], files[i].path);
-            written[i] = files[i].path;
-        }
-    } catch (...) {
-        std::error_code ignored;
-        for (const fs::path& p : written) fs::remove(p, ignored);
-        throw;
-    }
+// A projection weight [heads·d, cols] (rows_formula "H·d" or "Hkv·d", cols_name "E", "kdim" or "vdim"):
+// "<file> has 16 rows but --kv-heads 4 × head dim 8 = 32 (<note>)", or a shape message naming the columns.
+void check_projection(const Input& w, const std::string& rows_formula, const std::string& heads_flag, std::size_t heads,
+                      std::size_t d, const std::string& note, const std::string& cols_name, std::size_t cols,
+                      const std::string& cols_source) {
+    require_float(w);
+    const std::size_t rows = heads * d;  // checked by the caller
+    const auto& s = w.shape();
+    if (s.size() == 2 && s[0] != rows)
+        fail(w.file + " has " + str(s[0]) + " rows but " + heads_flag + " " + str(heads) + " × head dim " + str(d) + " = " +
+             str(rows) + " (" + note + ")");
+    if (s.size() != 2 || s[1] != cols)
+        fail(w.file + " has shape " + w.shape_str() + " but must be [" + rows_formula + ", " + cols_name + "] = " +
+             npy::shape_string({rows, cols}) + " (" + cols_name + " = " + str(cols) + " from " + cols_source + ")");
 }
 
 }  // namespace
@@ -99,19 +66,18 @@ void write_outputs(const std::vector<OutputFile>& files) {
 void run_command(const RunOptions& opt) {
     const fs::path dir(opt.npy_dir);
     if (!fs::is_directory(dir)) fail(opt.npy_dir + ": not a folder (--npy)");
+    if (!opt.rope_theta && (opt.rope_style || opt.rope_dims))
+        fail(std::string(opt.rope_style ? "--rope-style" : "--rope-dims") + " needs --rope-theta");
 
-    const fs::path out_path = opt.out.empty() ? dir / "output.npy" : fs::path(opt.out);
+    const fs::path out_path = output_path(dir, opt.out);
     const fs::path weights_path = out_path.parent_path() / "attn_weights.npy";
     if (opt.need_weights && out_path.lexically_normal() == weights_path.lexically_normal())
         fail("output " + out_path.string() + " would be overwritten by attn_weights.npy (--need-weights)");
-    const fs::path out_dir = out_path.parent_path().empty() ? fs::path(".") : out_path.parent_path();
-    if (!fs::is_directory(out_dir)) fail("cannot write " + out_path.string() + ": folder " + out_dir.string() + " does not exist");
 
     // --- load and check ----------------------------------------------------------------------
     // Where B and L sit in a batched [B, L, E] (or, with --seq-first, [L, B, E]) file.
     const std::size_t batch_axis = opt.seq_first ? 1 : 0, length_axis = opt.seq_first ? 0 : 1;
     const std::string q_layout = opt.seq_first ? "[Lq, B, E] (--seq-first)" : "[B, Lq, E]";
-    const std::string k_layout = opt.seq_first ? "[Lk, B, E]" : "[B, Lk, E]";
 
     const Input query = *load_input(dir, "query.npy", true);
     require_float(query);
@@ -121,44 +87,127 @@ void run_command(const RunOptions& opt) {
     const std::size_t B = batched ? query.shape()[batch_axis] : 1;
     const std::size_t Lq = query.shape()[batched ? length_axis : 0];
     const std::size_t E = query.shape().back();
-    const std::string E_is = " (E = " + std::to_string(E) + " from query.npy)";
+    const std::string E_is = " (E = " + str(E) + " from query.npy)";
 
+    // Which projections: packed in_proj_weight.npy or separate q/k/v_proj_weight.npy, exactly one set.
+    const auto present = [&](const char* file) {
+        std::error_code ec;
+        return fs::exists(dir / file, ec) || ec;  // an unreadable entry is reported by the loader
+    };
+    const bool has_in = present("in_proj_weight.npy"), has_q = present("q_proj_weight.npy");
+    const bool has_k = present("k_proj_weight.npy"), has_v = present("v_proj_weight.npy");
+    if (has_in && (has_q || has_k || has_v))
+        fail(std::string(has_q ? "q_proj_weight.npy" : has_k ? "k_proj_weight.npy" : "v_proj_weight.npy") +
+             " and in_proj_weight.npy are both present: give either the packed projections (in_proj_weight.npy) or "
+             "the separate ones (q_proj_weight.npy, k_proj_weight.npy, v_proj_weight.npy), not both");
+    if (!has_in && !has_q && !has_k && !has_v)
+        fail((dir / "in_proj_weight.npy").string() +
+             ": required input is missing (or give q_proj_weight.npy, k_proj_weight.npy and v_proj_weight.npy)");
+    const bool separate = !has_in;
+    if (separate)
+        for (const auto& [file, has] : {std::pair{"q_proj_weight.npy", has_q}, {"k_proj_weight.npy", has_k}, {"v_proj_weight.npy", has_v}})
+            if (!has)
+                fail((dir / file).string() + ": required input is missing (separate projections need q_proj_weight.npy, "
+                                             "k_proj_weight.npy and v_proj_weight.npy)");
+
+    // key [B, Lk, kdim], value [B, Lk, vdim]; the packed projections need kdim = vdim = E.
     const std::optional<Input> key = load_input(dir, "key.npy", false);
     const std::optional<Input> value = load_input(dir, "value.npy", false);
     const Input& key_or_query = key ? *key : query;
     if (key) {
         require_float(*key);
         const auto& s = key->shape();
-        const bool ok = s.size() == query.shape().size() && s.back() == E && (!batched || s[batch_axis] == B);
+        const bool ok = s.size() == query.shape().size() && (separate || s.back() == E) && (!batched || s[batch_axis] == B);
+        const std::string k_layout = std::string(opt.seq_first ? "[Lk, B, " : "[B, Lk, ") + (separate ? "kdim]" : "E]");
         if (!ok)
             fail("key.npy has shape " + key->shape_str() + " but query.npy has shape " + query.shape_str() +
-                 (batched ? ": key must be " + k_layout + " with the query's B and E" : ": key must be [Lk, E] with the query's E"));
+                 (batched ? ": key must be " + k_layout + " with the query's B" + (separate ? "" : " and E")
+                          : ": key must be " + std::string(separate ? "[Lk, kdim]" : "[Lk, E] with the query's E")) +
+                 (separate ? "" : " (in_proj_weight.npy needs kdim = E; separate k_proj_weight.npy allows other widths)"));
     }
     if (value) {
         require_float(*value);
-        if (value->shape() != key_or_query.shape())
+        const auto& s = value->shape();
+        const auto& k = key_or_query.shape();
+        bool ok = s.size() == k.size();
+        for (std::size_t i = 0; ok && i + 1 < s.size(); ++i) ok = s[i] == k[i];
+        if (!separate) ok = ok && s.back() == k.back();
+        if (!ok)
             fail("value.npy has shape " + value->shape_str() + " but " + key_or_query.file + " has shape " +
-                 key_or_query.shape_str() + "; they must be equal");
+                 key_or_query.shape_str() +
+                 (separate ? "; they must agree in all but the last dim (vdim)"
+                           : "; they must be equal (in_proj_weight.npy needs vdim = E; separate v_proj_weight.npy allows "
+                             "other widths)"));
     }
+    const Input& value_or_key = value ? *value : key_or_query;
     const std::size_t Lk = key_or_query.shape()[batched ? length_axis : 0];
+    const std::size_t kdim = key_or_query.shape().back(), vdim = value_or_key.shape().back();
+
+    // Heads and head dim.
+    const std::size_t H = opt.heads, Hkv = opt.kv_heads.value_or(H);
+    std::optional<Input> q_w, k_w, v_w, in_w;
+    std::size_t d = 0;
+    std::string d_source;
+    if (separate) {
+        q_w = load_input(dir, "q_proj_weight.npy", true);
+        require_float(*q_w);
+        if (q_w->shape().size() != 2 || q_w->shape()[1] != E)
+            fail("q_proj_weight.npy has shape " + q_w->shape_str() + " but must be [H·d, E]" + E_is);
+    }
+    if (opt.head_dim) {
+        d = *opt.head_dim;
+        d_source = "from --head-dim";
+    } else if (separate) {
+        const std::size_t rows = q_w->shape()[0];
+        if (rows % H != 0)
+            fail("q_proj_weight.npy has " + str(rows) + " rows, not a multiple of --heads " + str(H) +
+                 " (its rows are heads × head dim; give --head-dim)");
+        d = rows / H;
+        d_source = "= q_proj_weight.npy rows / --heads";
+    } else {
+        if (E % H != 0)
+            fail("embed_dim " + str(E) + " is not a multiple of num_heads " + str(H) +
+                 " (the head dim defaults to E / --heads; give --head-dim)");
+        d = E / H;
+        d_source = "= E / --heads";
+    }
+    const std::size_t Hd = checked_mul(H, d, "--heads × head dim");
+    const std::size_t Hkvd = checked_mul(Hkv, d, "--kv-heads × head dim");
+    std::size_t in_rows = 0;
+    if (__builtin_add_overflow(Hd, Hkvd, &in_rows) || __builtin_add_overflow(in_rows, Hkvd, &in_rows))
+        fail("the projection rows H·d + 2·Hkv·d overflow size_t");
+    // nn.MultiheadAttention's shapes keep their old names ([3E, E], [E, E]); other shapes name H·d and Hkv·d.
+    const bool classic = Hkv == H && Hd == E;
+    const std::string dims_are = classic ? E_is
+                                         : " (H·d = " + str(H) + "·" + str(d) + ", Hkv·d = " + str(Hkv) + "·" + str(d) + ", E = " +
+                                               str(E) + " from query.npy)";
 
     // Parameters: float, exactly the shape the formula gives.
     auto load_param = [&](const std::string& file, bool required, const std::vector<std::size_t>& want,
-                          const std::string& formula) {
+                          const std::string& formula, const std::string& dims) {
         std::optional<Input> p = load_input(dir, file, required);
         if (p) {
             require_float(*p);
-            require_shape(*p, want, formula + E_is);
+            require_shape(*p, want, formula + dims);
         }
         return p;
     };
-    const std::optional<Input> in_w = load_param("in_proj_weight.npy", true, {3 * E, E}, "[3E, E]");
-    const std::optional<Input> in_b = load_param("in_proj_bias.npy", false, {3 * E}, "[3E]");
-    const std::optional<Input> out_w = load_param("out_proj.weight.npy", true, {E, E}, "[E, E]");
-    const std::optional<Input> out_b = load_param("out_proj.bias.npy", false, {E}, "[E]");
+    if (separate) {
+        const std::string note = "head dim " + d_source + (opt.kv_heads ? "" : "; --kv-heads defaults to --heads");
+        check_projection(*q_w, "H·d", "--heads", H, d, "head dim " + d_source, "E", E, "query.npy");
+        k_w = load_input(dir, "k_proj_weight.npy", true);
+        check_projection(*k_w, "Hkv·d", "--kv-heads", Hkv, d, note, "kdim", kdim, key_or_query.file);
+        v_w = load_input(dir, "v_proj_weight.npy", true);
+        check_projection(*v_w, "Hkv·d", "--kv-heads", Hkv, d, note, "vdim", vdim, value_or_key.file);
+    } else {
+        in_w = load_param("in_proj_weight.npy", true, {in_rows, E}, classic ? "[3E, E]" : "[H·d + 2·Hkv·d, E]", dims_are);
+    }
+    const std::optional<Input> in_b = load_param("in_proj_bias.npy", false, {in_rows}, classic ? "[3E]" : "[H·d + 2·Hkv·d]", dims_are);
+    const std::optional<Input> out_w = load_param("out_proj.weight.npy", true, {E, Hd}, classic ? "[E, E]" : "[E, H·d]", dims_are);
+    const std::optional<Input> out_b = load_param("out_proj.bias.npy", false, {E}, "[E]", E_is);
     // Without --norm-eps there is no norm block, so its weights are not read.
-    const std::optional<Input> norm_w = opt.norm_eps ? load_param("norm.weight.npy", false, {E}, "[E]") : std::nullopt;
-    const std::optional<Input> norm_b = opt.norm_eps ? load_param("norm.bias.npy", false, {E}, "[E]") : std::nullopt;
+    const std::optional<Input> norm_w = opt.norm_eps ? load_param("norm.weight.npy", false, {E}, "[E]", E_is) : std::nullopt;
+    const std::optional<Input> norm_b = opt.norm_eps ? load_param("norm.bias.npy", false, {E}, "[E]", E_is) : std::nullopt;
 
     const std::optional<Input> kpm = load_input(dir, "key_padding_mask.npy", false);
     if (kpm) {
@@ -172,33 +221,54 @@ void run_command(const RunOptions& opt) {
     if (attn_mask) {
         const auto& s = attn_mask->shape();
         std::size_t BH = 0;
-        const bool bh_fits = !__builtin_mul_overflow(B, opt.heads, &BH);
+        const bool bh_fits = !__builtin_mul_overflow(B, H, &BH);
         const bool ok = (s.size() == 2 && s[0] == Lq && s[1] == Lk) ||
                         (s.size() == 3 && bh_fits && s[0] == BH && s[1] == Lq && s[2] == Lk);
         if (!ok)
             fail("attn_mask.npy has shape " + attn_mask->shape_str() + " but must be [Lq, Lk] = " +
-                 npy::shape_string({Lq, Lk}) + " or [B·H, Lq, Lk] = [" + std::to_string(B) + "·" +
-                 std::to_string(opt.heads) + ", " + std::to_string(Lq) + ", " + std::to_string(Lk) + "]");
+                 npy::shape_string({Lq, Lk}) + " or [B·H, Lq, Lk] = [" + str(B) + "·" + str(H) + ", " + str(Lq) + ", " +
+                 str(Lk) + "]");
     }
 
-    // --- compute (the library validates the rest, e.g. E % H, and throws mha::invalid_argument) ---
+    // --- compute (the library validates the rest, e.g. H % Hkv or the rotary dims, and throws
+    // mha::invalid_argument) ---
     AttentionWeights weights;
-    weights.in_proj_weight = in_w->array.values.data();
-    weights.in_proj_bias = in_b ? in_b->array.values.data() : nullptr;
-    weights.out_proj_weight = out_w->array.values.data();
-    weights.out_proj_bias = out_b ? out_b->array.values.data() : nullptr;
-    weights.norm_weight = norm_w ? norm_w->array.values.data() : nullptr;
-    weights.norm_bias = norm_b ? norm_b->array.values.data() : nullptr;
-    const MultiheadAttention attention(weights, E, opt.heads);
+    if (separate) {
+        weights.q_proj_weight = q_w->floats();
+        weights.k_proj_weight = k_w->floats();
+        weights.v_proj_weight = v_w->floats();
+    } else {
+        weights.in_proj_weight = in_w->floats();
+    }
+    weights.in_proj_bias = in_b ? in_b->floats() : nullptr;
+    weights.out_proj_weight = out_w->floats();
+    weights.out_proj_bias = out_b ? out_b->floats() : nullptr;
+    weights.norm_weight = norm_w ? norm_w->floats() : nullptr;
+    weights.norm_bias = norm_b ? norm_b->floats() : nullptr;
+    AttentionConfig config;
+    config.embed_dim = E;
+    config.num_heads = H;
+    config.num_kv_heads = Hkv;
+    config.head_dim = d;
+    config.kdim = kdim;
+    config.vdim = vdim;
+    if (opt.rope_theta) {
+        RopeConfig rope;
+        rope.theta = *opt.rope_theta;
+        rope.dims = opt.rope_dims.value_or(0);
+        rope.style = opt.rope_style.value_or(RopeStyle::half);
+        config.rope = rope;
+    }
+    const MultiheadAttention attention(weights, config);
 
-    // [B, L, E]: row stride E, batch stride L·E; [L, B, E]: row stride B·E, batch stride E.
-    const auto view = [&](const float* data, std::size_t L) {
-        return opt.seq_first ? ConstBatch(data, B, L, E, B * E, E) : ConstBatch(data, B, L, E);
+    // [B, L, F]: row stride F, batch stride L·F; [L, B, F]: row stride B·F, batch stride F.
+    const auto view = [&](const float* data, std::size_t L, std::size_t F) {
+        return opt.seq_first ? ConstBatch(data, B, L, F, B * F, F) : ConstBatch(data, B, L, F);
     };
     AttentionInputs inputs;
-    inputs.query = view(query.array.values.data(), Lq);
-    if (key) inputs.key = view(key->array.values.data(), Lk);
-    if (value) inputs.value = view(value->array.values.data(), Lk);
+    inputs.query = view(query.floats(), Lq, E);
+    if (key) inputs.key = view(key->floats(), Lk, kdim);
+    if (value) inputs.value = view(value->floats(), Lk, vdim);
     if (kpm) inputs.key_padding_mask = mask_view(*kpm, {B, Lk});
     if (attn_mask) inputs.attn_mask = mask_view(*attn_mask, attn_mask->shape());
 
@@ -212,6 +282,8 @@ void run_command(const RunOptions& opt) {
 
     ForwardOptions fo;
     fo.causal = opt.causal;
+    fo.causal_alignment = opt.causal_alignment;
+    fo.position_offset = opt.position_offset;
     fo.need_weights = opt.need_weights ? NeedWeights::averaged : NeedWeights::none;
     fo.norm_eps = opt.norm_eps;
     fo.backend = opt.backend;

@@ -101,8 +101,10 @@ struct MaskView {
 };
 
 enum class NeedWeights { none, averaged, per_head };
-// materialized: scores Lq×Lk per task; fused: tiled online softmax, O(Lq·d) memory (needs no weights);
-// automatic picks fused when the scores would be large. The scalar backend always materializes.
+// materialized: scores Lq×Lk per (query head, 64 query rows) task; fused: the G = H / Hkv query heads of a
+// KV head stacked against one pass over its keys, tiled online softmax, O(Lq·d) memory (needs no weights);
+// automatic picks fused when heads share KV heads (G > 1) or the scores would be large (Lk >= 1024).
+// need_weights always materializes. The scalar backend always materializes.
 enum class Impl { automatic, materialized, fused };
 
 struct ForwardOptions {

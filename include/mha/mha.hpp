@@ -1,9 +1,10 @@
-// The whole public API of mha: views, kernels, multi-head attention, ISA control, errors.
+// The whole public API of mha: views, kernels, multi-head attention, the attention core (SDPA), ISA control, errors.
 #pragma once
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
+#include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"
 

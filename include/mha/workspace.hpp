@@ -1,9 +1,10 @@
 // Scratch memory of a forward call: a caller-owned Workspace, or the library's bounded scratch cache.
 //
 // A SIMD forward needs scratch besides its inputs and outputs: the projected Q, K, V and the context
-// (about (4·B·Lq + 2·B·Lk)·E floats), the fused path's packed K/V panels (2·B·Lk·E), and per thread
-// of the arena it runs in a score block, an accumulator and GEMM pack buffers (about 2 MB per thread).
-// MultiheadAttention::workspace_bytes says exactly how much one call needs.
+// (about 2·B·Lq·H·d + 2·B·Lk·Hkv·d floats), the grouped (fused) path's packed K/V panels (2·B·Lk·Hkv·d),
+// and per thread of the arena it runs in a score block, an accumulator and GEMM pack buffers (about
+// 2 MB per thread). scaled_dot_product_attention needs the panels and the per-thread part only.
+// MultiheadAttention::workspace_bytes and sdpa_workspace_bytes say exactly how much one call needs.
 //   - With a Workspace passed to forward, the call allocates nothing: it runs in the workspace or
 //     throws mha::invalid_argument (before writing anything) if the workspace is too small or overlaps
 //     the call's tensors. (oneTBB has its own memory: its task objects come from pools it keeps, and a

@@ -1,114 +1,144 @@
 // MultiheadAttention: owns the weights, validates every forward argument at the public API, then
 // runs the scalar reference or the SIMD backend. Nothing is written before validation passes.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "../core/validate.hpp"
+#include "checks.hpp"
 #include "../reference/reference.hpp"
 #include "mha/attention.hpp"
+#include "rope.hpp"
 #include "state.hpp"
 
 namespace mha {
 
+using detail::checked_extent;
+using detail::checked_madd;
+using detail::check_masks;
 using detail::fail;
+using detail::mask_overlaps;
 
 namespace {
-
-std::string dims(const MaskView& m) {
-    std::string s = "[";
-    for (int i = 0; i < m.rank; ++i) s += (i ? ", " : "") + std::to_string(m.shape[i]);
-    return s + "]";
-}
-
-void check_mask_data(const char* name, const MaskView& m) {
-    if (m.type != MaskType::boolean && m.type != MaskType::additive)
-        fail(std::string(name) + " has an unknown mask type " + std::to_string(static_cast<int>(m.type)));
-    if (m.type == MaskType::boolean && m.bools == nullptr) fail(std::string(name) + " is boolean with a null pointer");
-    if (m.type == MaskType::additive && m.values == nullptr) fail(std::string(name) + " is additive with a null pointer");
-    // Checked before dims() prints the shape: MaskView::shape has 3 entries.
-    if (m.rank != 2 && m.rank != 3) fail(std::string(name) + " has rank " + std::to_string(m.rank) + " but must be 2 or 3");
-}
-
-// Elements of a validated mask (shape checked against B, H, Lq, Lk, so the product fits).
-std::size_t mask_elements(const MaskView& m) {
-    std::size_t n = 1;
-    for (int i = 0; i < m.rank; ++i) n *= m.shape[i];
-    return n;
-}
-
-// The mask's bytes fit in the address space after its pointer (its shape matched the inputs).
-void check_mask_extent(const char* name, const MaskView& m) {
-    std::size_t n = 1;
-    for (int i = 0; i < m.rank; ++i) n = detail::checked_madd(n, m.shape[i], 0, name, "size");
-    if (m.type == MaskType::boolean)
-        detail::checked_extent(name, m.bools, n);
-    else
-        detail::checked_extent(name, m.values, n);
-}
 
 // The enum values and scalar options of a call.
 void check_options(const ForwardOptions& opt) {
     if (static_cast<unsigned>(opt.need_weights) > static_cast<unsigned>(NeedWeights::per_head))
         fail("need_weights " + std::to_string(static_cast<int>(opt.need_weights)) + " is not none, averaged or per_head");
-    if (static_cast<unsigned>(opt.impl) > static_cast<unsigned>(Impl::fused))
-        fail("impl " + std::to_string(static_cast<int>(opt.impl)) + " is not automatic, materialized or fused");
-    if (static_cast<unsigned>(opt.backend) > static_cast<unsigned>(Backend::simd))
-        fail("backend " + std::to_string(static_cast<int>(opt.backend)) + " is not scalar or simd");
-    if (opt.threads < 0) fail("threads " + std::to_string(opt.threads) + " is negative");
+    detail::check_common_options(opt.impl, opt.backend, opt.threads);
+    detail::check_causal_alignment(opt.causal_alignment);
     if (opt.norm_eps && (!std::isfinite(*opt.norm_eps) || *opt.norm_eps < 0.0f))
         fail("norm_eps " + std::to_string(*opt.norm_eps) + " is not a finite value >= 0");
 }
 
-// A present mask's data shares memory with elements [p, p + n).
-template <class T>
-bool mask_overlaps(const MaskView& m, const T* p, std::size_t n) {
-    if (!m.present()) return false;
-    return m.type == MaskType::boolean ? detail::overlaps(p, n, m.bools, mask_elements(m))
-                                       : detail::overlaps(p, n, m.values, mask_elements(m));
-}
-
-void check_masks(const AttentionInputs& in, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk) {
-    if (const MaskView& m = in.key_padding_mask; m.present()) {
-        check_mask_data("key_padding_mask", m);
-        if (m.rank != 2 || m.shape[0] != B || m.shape[1] != Lk)
-            fail("key_padding_mask has shape " + dims(m) + " but must be [B, Lk] = [" + std::to_string(B) + ", " +
-                 std::to_string(Lk) + "]");
-        check_mask_extent("key_padding_mask", m);
-    }
-    if (const MaskView& m = in.attn_mask; m.present()) {
-        check_mask_data("attn_mask", m);
-        const bool ok2 = m.rank == 2 && m.shape[0] == Lq && m.shape[1] == Lk;
-        const bool ok3 = m.rank == 3 && m.shape[0] % H == 0 && m.shape[0] / H == B &&  // B·H may not fit
-                          m.shape[1] == Lq && m.shape[2] == Lk;
-        if (!ok2 && !ok3)
-            fail("attn_mask has shape " + dims(m) + " but must be [Lq, Lk] = [" + std::to_string(Lq) + ", " +
-                 std::to_string(Lk) + "] or [B·H, Lq, Lk] = [" + std::to_string(B * H) + ", " + std::to_string(Lq) +
-                 ", " + std::to_string(Lk) + "]");
-        check_mask_extent("attn_mask", m);
-    }
-}
-
 }  // namespace
 
-MultiheadAttention::MultiheadAttention(const AttentionWeights& w, std::size_t E, std::size_t H) {
+MultiheadAttention::MultiheadAttention(const AttentionWeights& w, std::size_t E, std::size_t H)
+    : MultiheadAttention(w, [&] {
+          if (E != 0 && H != 0 && E % H != 0)
+              fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H));
+          if (w.in_proj_weight == nullptr) fail("in_proj_weight is a null pointer");
+          AttentionConfig c;
+          c.embed_dim = E;
+          c.num_heads = H;
+          return c;
+      }()) {}
+
+MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const AttentionConfig& cfg) {
+    const std::size_t E = cfg.embed_dim, H = cfg.num_heads;
     if (E == 0) fail("embed_dim is 0");
     if (H == 0) fail("num_heads is 0");
-    if (E % H != 0) fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H));
-    if (w.in_proj_weight == nullptr) fail("in_proj_weight is a null pointer");
+    const std::size_t Hkv = cfg.num_kv_heads != 0 ? cfg.num_kv_heads : H;
+    if (H % Hkv != 0)
+        fail("num_heads " + std::to_string(H) + " is not a multiple of num_kv_heads " + std::to_string(Hkv));
+    if (cfg.head_dim == 0 && E % H != 0)
+        fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
+             " (set head_dim to choose the head dim)");
+    const std::size_t d = cfg.head_dim != 0 ? cfg.head_dim : E / H;
+    const std::size_t kdim = cfg.kdim != 0 ? cfg.kdim : E, vdim = cfg.vdim != 0 ? cfg.vdim : E;
+    const std::size_t qw = checked_madd(H, d, 0, "num_heads × head_dim", "size");
+    const std::size_t kvw = checked_madd(Hkv, d, 0, "num_kv_heads × head_dim", "size");
+    const std::size_t in_rows = checked_madd(2, kvw, qw, "the input projections'", "rows");
+    for (const auto& [name, rows, cols] : {std::tuple<const char*, std::size_t, std::size_t>{"q_proj_weight", qw, E},
+                                           {"k_proj_weight", kvw, kdim}, {"v_proj_weight", kvw, vdim},
+                                           {"out_proj_weight", E, qw}, {"in_proj_weight", in_rows, E}})
+        checked_extent(name, static_cast<const float*>(nullptr), checked_madd(rows, cols, 0, name, "size"));
+
+    std::optional<RopeConfig> rope = cfg.rope;
+    if (rope) {
+        if (!std::isfinite(rope->theta) || rope->theta <= 0.0f)
+            fail("rope theta " + std::to_string(rope->theta) + " is not a finite value > 0");
+        if (rope->dims == 0) rope->dims = d;
+        if (rope->dims % 2 != 0 || rope->dims > d)
+            fail("rope dims " + std::to_string(rope->dims) + " must be even and at most head_dim " + std::to_string(d));
+        if (static_cast<unsigned>(rope->style) > static_cast<unsigned>(RopeStyle::interleaved))
+            fail("rope style " + std::to_string(static_cast<int>(rope->style)) + " is not half or interleaved");
+    }
+
+    const bool packed = w.in_proj_weight != nullptr;
+    const bool separate = w.q_proj_weight != nullptr || w.k_proj_weight != nullptr || w.v_proj_weight != nullptr;
+    if (packed && separate) fail("both in_proj_weight and q/k/v_proj_weight are given; give one kind");
+    if (!packed && !separate) fail("in_proj_weight is a null pointer and no q/k/v_proj_weight is given");
+    if (separate) {
+        if (w.q_proj_weight == nullptr) fail("q_proj_weight is a null pointer (k/v_proj_weight are given)");
+        if (w.k_proj_weight == nullptr) fail("k_proj_weight is a null pointer (q_proj_weight is given)");
+        if (w.v_proj_weight == nullptr) fail("v_proj_weight is a null pointer (q_proj_weight is given)");
+    }
+    if (packed && (kdim != E || vdim != E))
+        fail("in_proj_weight needs kdim == vdim == embed_dim (" + std::to_string(E) + "), but kdim is " +
+             std::to_string(kdim) + " and vdim " + std::to_string(vdim) + "; give q/k/v_proj_weight");
+    if (w.in_proj_bias != nullptr && (w.q_proj_bias != nullptr || w.k_proj_bias != nullptr || w.v_proj_bias != nullptr))
+        fail("both in_proj_bias and q/k/v_proj_bias are given; give one kind");
     if (w.out_proj_weight == nullptr) fail("out_proj_weight is a null pointer");
 
     auto s = std::make_unique<State>();
-    s->E = E;
-    s->H = H;
-    s->in_b = w.in_proj_bias ? std::vector<float>(w.in_proj_bias, w.in_proj_bias + 3 * E) : std::vector<float>(3 * E, 0.0f);
+    s->E = E, s->H = H, s->Hkv = Hkv, s->d = d, s->kdim = kdim, s->vdim = vdim, s->rope = rope;
+    if (rope) s->rope_freq = detail::rope_frequencies(rope->theta, rope->dims);
+    s->in_b.assign(in_rows, 0.0f);
+    if (w.in_proj_bias) std::copy(w.in_proj_bias, w.in_proj_bias + in_rows, s->in_b.begin());
+    if (w.q_proj_bias) std::copy(w.q_proj_bias, w.q_proj_bias + qw, s->in_b.begin());
+    if (w.k_proj_bias) std::copy(w.k_proj_bias, w.k_proj_bias + kvw, s->in_b.begin() + qw);
+    if (w.v_proj_bias) std::copy(w.v_proj_bias, w.v_proj_bias + kvw, s->in_b.begin() + qw + kvw);
     s->out_b = w.out_proj_bias ? std::vector<float>(w.out_proj_bias, w.out_proj_bias + E) : std::vector<float>(E, 0.0f);
     if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
-    // One packed copy of each weight, straight from the caller's memory (Wq, Wk, Wv as three segments).
-    s->in_proj = simd::PackedMatrix(ConstMatrix(w.in_proj_weight, 3 * E, E), Trans::yes, 3);
-    s->out_proj = simd::PackedMatrix(ConstMatrix(w.out_proj_weight, E, E), Trans::yes);
+    // One packed copy of each weight, straight from the caller's memory.
+    const float* wq = packed ? w.in_proj_weight : w.q_proj_weight;
+    const float* wk = packed ? w.in_proj_weight + qw * E : w.k_proj_weight;
+    const float* wv = packed ? w.in_proj_weight + (qw + kvw) * E : w.v_proj_weight;
+    s->qkv_packed = kdim == E && vdim == E;
+    if (s->qkv_packed) {  // Wq, Wk, Wv as segments of one matrix: self-attention runs one GEMM
+        s->in_proj = simd::PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
+    } else {
+        s->q_proj = simd::PackedMatrix(ConstMatrix(wq, qw, E), Trans::yes);
+        s->k_proj = simd::PackedMatrix(ConstMatrix(wk, kvw, kdim), Trans::yes);
+        s->v_proj = simd::PackedMatrix(ConstMatrix(wv, kvw, vdim), Trans::yes);
+    }
+    s->out_proj = simd::PackedMatrix(ConstMatrix(w.out_proj_weight, E, qw), Trans::yes);
     state_ = std::move(s);
+}
+
+MultiheadAttention::State::Unpacked MultiheadAttention::State::unpacked() const {
+    Unpacked u{std::vector<float>(q_width() * E), std::vector<float>(kv_width() * kdim), std::vector<float>(kv_width() * vdim),
+               std::vector<float>(E * q_width())};
+    if (qkv_packed) {
+        std::vector<float> all((q_width() + 2 * kv_width()) * E);
+        in_proj.unpack(Matrix(all.data(), q_width() + 2 * kv_width(), E), Trans::yes);
+        const auto wk = all.begin() + static_cast<std::ptrdiff_t>(q_width() * E);
+        const auto wv = wk + static_cast<std::ptrdiff_t>(kv_width() * E);
+        std::copy(all.begin(), wk, u.wq.begin());
+        std::copy(wk, wv, u.wk.begin());
+        std::copy(wv, all.end(), u.wv.begin());
+    } else {
+        q_proj.unpack(Matrix(u.wq.data(), q_width(), E), Trans::yes);
+        k_proj.unpack(Matrix(u.wk.data(), kv_width(), kdim), Trans::yes);
+        v_proj.unpack(Matrix(u.wv.data(), kv_width(), vdim), Trans::yes);
+    }
+    out_proj.unpack(Matrix(u.wo.data(), E, q_width()), Trans::yes);
+    return u;
 }
 
 MultiheadAttention::~MultiheadAttention() = default;
@@ -117,7 +147,10 @@ MultiheadAttention& MultiheadAttention::operator=(MultiheadAttention&&) noexcept
 
 std::size_t MultiheadAttention::embed_dim() const noexcept { return state_ ? state_->E : 0; }
 std::size_t MultiheadAttention::num_heads() const noexcept { return state_ ? state_->H : 0; }
-std::size_t MultiheadAttention::head_dim() const noexcept { return state_ ? state_->E / state_->H : 0; }
+std::size_t MultiheadAttention::head_dim() const noexcept { return state_ ? state_->d : 0; }
+std::size_t MultiheadAttention::num_kv_heads() const noexcept { return state_ ? state_->Hkv : 0; }
+std::size_t MultiheadAttention::kdim() const noexcept { return state_ ? state_->kdim : 0; }
+std::size_t MultiheadAttention::vdim() const noexcept { return state_ ? state_->vdim : 0; }
 
 std::size_t MultiheadAttention::weight_bytes() const noexcept { return state_ ? state_->bytes() : 0; }
 
@@ -135,10 +168,12 @@ std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in_arg, c
     AttentionInputs in = in_arg;
     if (in.key.data == nullptr) in.key = in.query;
     if (in.value.data == nullptr) in.value = in.key;
-    for (const auto& [name, v] : {std::pair<const char*, const ConstBatch*>{"query", &in.query}, {"key", &in.key}, {"value", &in.value}})
-        if (v->batch == 0 || v->rows == 0 || v->cols != state_->E)
+    for (const auto& [name, v, features] :
+         {std::tuple<const char*, const ConstBatch*, std::size_t>{"query", &in.query, state_->E}, {"key", &in.key, state_->kdim},
+          {"value", &in.value, state_->vdim}})
+        if (v->batch == 0 || v->rows == 0 || v->cols != features)
             fail(std::string(name) + " is [" + std::to_string(v->batch) + ", " + std::to_string(v->rows) + ", " +
-                 std::to_string(v->cols) + "] but must be non-empty with embed_dim " + std::to_string(state_->E) + " features");
+                 std::to_string(v->cols) + "] but must be non-empty with " + std::to_string(features) + " features");
     check_options(opt);
     if (opt.backend == Backend::scalar) return 0;
     return simd_workspace_bytes(*state_, in, opt);
@@ -147,7 +182,8 @@ std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in_arg, c
 void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutputs& out, const ForwardOptions& opt,
                              Workspace* workspace) const {
     if (!state_) fail("the attention object was moved from");
-    const std::size_t E = state_->E, H = state_->H;
+    const State& st = *state_;
+    const std::size_t E = st.E, H = st.H;
     AttentionInputs in = in_arg;
     if (in.key.data == nullptr) in.key = in.query;
     if (in.value.data == nullptr) in.value = in.key;
@@ -161,8 +197,8 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
     detail::check_rows_disjoint("output", out.output);
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
     if (in.query.cols != E) fail("query has " + std::to_string(in.query.cols) + " features but embed_dim is " + std::to_string(E));
-    if (in.key.cols != E) fail("key has " + std::to_string(in.key.cols) + " features but embed_dim is " + std::to_string(E));
-    if (in.value.cols != E) fail("value has " + std::to_string(in.value.cols) + " features but embed_dim is " + std::to_string(E));
+    if (in.key.cols != st.kdim) fail("key has " + std::to_string(in.key.cols) + " features but kdim is " + std::to_string(st.kdim));
+    if (in.value.cols != st.vdim) fail("value has " + std::to_string(in.value.cols) + " features but vdim is " + std::to_string(st.vdim));
     if (in.key.batch != B) fail("key batch " + std::to_string(in.key.batch) + " differs from query batch " + std::to_string(B));
     if (in.value.batch != B) fail("value batch " + std::to_string(in.value.batch) + " differs from query batch " + std::to_string(B));
     if (in.value.rows != Lk) fail("value length " + std::to_string(in.value.rows) + " differs from key length " + std::to_string(Lk));
@@ -173,7 +209,22 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
     if (detail::overlaps(out.output, in.query) || detail::overlaps(out.output, in.key) ||
         detail::overlaps(out.output, in.value))
         fail("output overlaps query, key or value");
-    check_masks(in, B, H, Lq, Lk);
+    check_masks(in.key_padding_mask, in.attn_mask, B, H, Lq, Lk);
+    if (st.rope) {
+        // Positions must stay exact in double (the angle p·θ_k): start + L <= 2^53.
+        constexpr std::size_t kMaxPosition = std::size_t{1} << 53;
+        const std::size_t L = std::max(Lq, Lk);
+        auto check_start = [&](std::size_t start, const std::string& name) {
+            if (start > kMaxPosition - L)
+                fail(name + " " + std::to_string(start) + " + length " + std::to_string(L) + " exceeds 2^53");
+        };
+        if (opt.positions != nullptr) {
+            checked_extent("positions", opt.positions, B);
+            for (std::size_t b = 0; b < B; ++b) check_start(opt.positions[b], "positions[" + std::to_string(b) + "]");
+        } else {
+            check_start(opt.position_offset, "position_offset");
+        }
+    }
     // The output must not overwrite a mask it is computed from (the reference reads batch b + 1's mask
     // rows after writing batch b's output).
     const std::size_t output_elements = detail::batch_elements(out.output);
@@ -211,14 +262,14 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         // The reference's buffers: [Lq|Lk, E] projections and [Lq, Lk] scores (inputs may repeat rows
         // with stride 0, so Lq and Lk are not bounded by real memory).
         detail::checked_extent("the scalar backend's projections", static_cast<const float*>(nullptr),
-                               detail::checked_madd(Lq, E, detail::checked_madd(Lk, E, 0, "the scalar backend's", "projections"),
+                               detail::checked_madd(Lq, st.q_width(), detail::checked_madd(Lk, 2 * st.kv_width(), 0, "the scalar backend's", "projections"),
                                                     "the scalar backend's", "projections"));
         detail::checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
                                detail::checked_madd(Lq, Lk, 0, "the scalar backend's", "scores"));
-        const State::Unpacked weights = state_->unpacked();  // before anything is written (may throw bad_alloc)
-        reference::multihead_attention(weights.layer(*state_), in, out, opt);
+        const State::Unpacked weights = st.unpacked();  // before anything is written (may throw bad_alloc)
+        reference::multihead_attention(weights.layer(st), in, out, opt);
     } else {
-        simd_multihead_attention(*state_, in, out, opt, workspace);
+        simd_multihead_attention(st, in, out, opt, workspace);
     }
 }
 

@@ -1,7 +1,10 @@
-// What a MultiheadAttention object owns: the projection weights packed once for the SIMD GEMM (one copy:
-// in_proj [3E, E] packed as three segments Wq, Wk, Wv, each usable alone) and the biases and norm
-// parameters (absent biases as zeros). The scalar backend unpacks a plain copy per call (State::unpacked).
+// What a MultiheadAttention object owns: its resolved configuration, the projection weights packed once
+// for the SIMD GEMM (one copy: with kdim == vdim == E, Wq, Wk, Wv are packed as three segments of one
+// matrix so self-attention runs one GEMM for Q, K and V and cross-attention uses the segments; otherwise
+// three matrices), the biases and norm parameters (absent biases as zeros), and RoPE's frequencies.
+// The scalar backend unpacks a plain copy per call (State::unpacked).
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "../reference/reference.hpp"
@@ -11,36 +14,46 @@
 namespace mha {
 
 struct MultiheadAttention::State {
-    std::size_t E = 0, H = 0;
-    std::vector<float> in_b, out_b, norm_w, norm_b;  // norm_*: empty when not given
-    // Wᵀ of each projection: y = x·Wᵀ + b is one gemm_packed call. Self-attention multiplies by all of
-    // in_proj (one GEMM for Q, K and V), cross-attention by its segments.
-    simd::PackedMatrix in_proj, out_proj;
+    std::size_t E = 0, H = 0, Hkv = 0, d = 0, kdim = 0, vdim = 0;
+    std::optional<RopeConfig> rope;   // dims resolved
+    std::vector<double> rope_freq;    // θ_k = theta^(−2k/r), k < r/2
+    std::vector<float> in_b;          // [H·d + 2·Hkv·d]: bq; bk; bv
+    std::vector<float> out_b, norm_w, norm_b;  // norm_*: empty when not given
+    // Wᵀ of each projection: y = x·Wᵀ + b is one gemm_packed call.
+    bool qkv_packed = false;           // in_proj holds Wq, Wk, Wv as segments 0, 1, 2
+    simd::PackedMatrix in_proj;        // qkv_packed
+    simd::PackedMatrix q_proj, k_proj, v_proj;  // !qkv_packed
+    simd::PackedMatrix out_proj;
+
+    std::size_t q_width() const noexcept { return H * d; }
+    std::size_t kv_width() const noexcept { return Hkv * d; }
+    // Wq (part 0), Wk (1) or Wv (2) as a B operand.
+    simd::PackedMatrix::View projection(std::size_t part) const noexcept {
+        if (qkv_packed) return in_proj.segments(part, 1);
+        return (part == 0 ? q_proj : part == 1 ? k_proj : v_proj).all();
+    }
+    const float* bias(std::size_t part) const noexcept {
+        return in_b.data() + (part == 0 ? 0 : part == 1 ? q_width() : q_width() + kv_width());
+    }
 
     // Plain row-major weights for the scalar reference, unpacked from the packed copies (exact).
     struct Unpacked {
-        std::vector<float> in_w, out_w;
+        std::vector<float> wq, wk, wv, wo;
         reference::Layer layer(const State& s) const {
             reference::Layer l;
-            l.E = l.kdim = l.vdim = s.E;
-            l.H = l.Hkv = s.H;
-            l.d = s.E / s.H;
-            l.wq = in_w.data(), l.wk = in_w.data() + s.E * s.E, l.wv = in_w.data() + 2 * s.E * s.E, l.wo = out_w.data();
-            l.bq = s.in_b.data(), l.bk = s.in_b.data() + s.E, l.bv = s.in_b.data() + 2 * s.E, l.bo = s.out_b.data();
+            l.E = s.E, l.H = s.H, l.Hkv = s.Hkv, l.d = s.d, l.kdim = s.kdim, l.vdim = s.vdim, l.rope = s.rope;
+            l.wq = wq.data(), l.wk = wk.data(), l.wv = wv.data(), l.wo = wo.data();
+            l.bq = s.bias(0), l.bk = s.bias(1), l.bv = s.bias(2), l.bo = s.out_b.data();
             l.norm_w = s.norm_w.empty() ? nullptr : s.norm_w.data();
             l.norm_b = s.norm_b.empty() ? nullptr : s.norm_b.data();
             return l;
         }
     };
-    Unpacked unpacked() const {
-        Unpacked u{std::vector<float>(3 * E * E), std::vector<float>(E * E)};
-        in_proj.unpack(Matrix(u.in_w.data(), 3 * E, E), Trans::yes);
-        out_proj.unpack(Matrix(u.out_w.data(), E, E), Trans::yes);
-        return u;
-    }
+    Unpacked unpacked() const;
     std::size_t bytes() const noexcept {
-        return in_proj.bytes() + out_proj.bytes() +
-               (in_b.size() + out_b.size() + norm_w.size() + norm_b.size()) * sizeof(float);
+        return in_proj.bytes() + q_proj.bytes() + k_proj.bytes() + v_proj.bytes() + out_proj.bytes() +
+               (in_b.size() + out_b.size() + norm_w.size() + norm_b.size()) * sizeof(float) +
+               rope_freq.size() * sizeof(double);
     }
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "../core/scratch.hpp"
 #include "gemm.hpp"
@@ -26,9 +27,16 @@ struct PackedMatrix::Impl {
     };
     Storage data;
     std::size_t k = 0, n = 0, kc = 0, nr = 0;
-    std::size_t segments = 1, segment_n = 0, segment_panels = 0;  // per segment: n / segments columns
+    std::vector<std::size_t> segment_n;       // columns of each segment
+    std::vector<std::size_t> segment_panel0;  // first panel of each segment, then the total panel count
     Isa isa = Isa::sse2;
-    std::size_t pitch() const { return segments * segment_panels * nr; }  // floats per row of a k-block
+    std::size_t pitch() const { return segment_panel0.back() * nr; }  // floats per row of a k-block
+    // The segment and the column within it of column j.
+    std::pair<std::size_t, std::size_t> locate(std::size_t j) const {
+        std::size_t s = 0;
+        while (j >= segment_n[s]) j -= segment_n[s++];
+        return {s, j};
+    }
 };
 
 GemmScratchSize gemm_scratch_bound(Isa isa, std::size_t m, std::size_t n, std::size_t k, Trans ta, Trans tb) noexcept {
@@ -52,23 +60,38 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 }
 
 PackedMatrix::PackedMatrix() = default;
-PackedMatrix::PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments) : impl_(std::make_unique<Impl>()) {
+namespace {
+
+// op(B) [k, n] cut into `segments` equal column blocks, as parts.
+std::vector<ConstMatrix> equal_parts(ConstMatrix b, Trans tb, std::size_t segments) {
+    const bool tr = tb == Trans::yes;
+    const std::size_t count = std::max<std::size_t>(segments, 1), width = (tr ? b.rows : b.cols) / count;
+    std::vector<ConstMatrix> parts;
+    for (std::size_t s = 0; s < count; ++s) parts.push_back(tr ? b.row_block(s * width, width) : b.columns(s * width, width));
+    return parts;
+}
+
+}  // namespace
+
+PackedMatrix::PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments) : PackedMatrix(equal_parts(b, tb, segments), tb) {}
+
+PackedMatrix::PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb) : impl_(std::make_unique<Impl>()) {
     Impl& p = *impl_;
     p.isa = active_isa();
     const bool tr = tb == Trans::yes;
-    p.k = tr ? b.cols : b.rows;
-    p.n = tr ? b.rows : b.cols;
+    p.k = tr ? parts.front().cols : parts.front().rows;
     p.kc = dispatch(p.isa, PackedKcKernel{});
     p.nr = PanelMatrix::panel_width(p.isa);
-    p.segments = std::max<std::size_t>(segments, 1);
-    p.segment_n = p.n / p.segments;
-    p.segment_panels = (p.segment_n + p.nr - 1) / p.nr;
+    p.segment_panel0.push_back(0);
+    for (const ConstMatrix& part : parts) {
+        const std::size_t n = tr ? part.rows : part.cols;
+        p.n += n;
+        p.segment_n.push_back(n);
+        p.segment_panel0.push_back(p.segment_panel0.back() + (n + p.nr - 1) / p.nr);
+    }
     p.data.allocate(p.k * p.pitch());
     std::memset(p.data.get(), 0, p.data.floats * sizeof(float));  // the padding columns of each panel are zero
-    for (std::size_t s = 0; s < p.segments; ++s) {
-        const ConstMatrix part = tr ? b.row_block(s * p.segment_n, p.segment_n) : b.columns(s * p.segment_n, p.segment_n);
-        dispatch(p.isa, PackBKernel{}, part, tb, p.data.get(), this->segments(s, 1));
-    }
+    for (std::size_t s = 0; s < parts.size(); ++s) dispatch(p.isa, PackBKernel{}, parts[s], tb, p.data.get(), this->segments(s, 1));
 }
 PackedMatrix::~PackedMatrix() = default;
 PackedMatrix::PackedMatrix(PackedMatrix&&) noexcept = default;
@@ -77,9 +100,12 @@ std::size_t PackedMatrix::k() const noexcept { return impl_ ? impl_->k : 0; }
 std::size_t PackedMatrix::n() const noexcept { return impl_ ? impl_->n : 0; }
 Isa PackedMatrix::isa() const noexcept { return impl_ ? impl_->isa : Isa::sse2; }
 std::size_t PackedMatrix::bytes() const noexcept { return impl_ ? impl_->data.floats * sizeof(float) : 0; }
-std::size_t PackedMatrix::segment_count() const noexcept { return impl_ ? impl_->segments : 0; }
+std::size_t PackedMatrix::segment_count() const noexcept { return impl_ ? impl_->segment_n.size() : 0; }
 bool PackedMatrix::segments_contiguous() const noexcept {
-    return impl_ && (impl_->segments == 1 || impl_->segment_n % impl_->nr == 0);
+    if (!impl_) return false;
+    for (std::size_t s = 0; s + 1 < impl_->segment_n.size(); ++s)
+        if (impl_->segment_n[s] % impl_->nr != 0) return false;
+    return true;
 }
 
 PackedMatrix::View PackedMatrix::all() const noexcept { return segments(0, segment_count()); }
@@ -87,7 +113,9 @@ PackedMatrix::View PackedMatrix::all() const noexcept { return segments(0, segme
 PackedMatrix::View PackedMatrix::segments(std::size_t first, std::size_t count) const noexcept {
     if (!impl_) return {};
     const Impl& p = *impl_;
-    return {p.data.get(), p.k, count * p.segment_n, p.kc, p.nr, p.pitch(), first * p.segment_panels, p.isa};
+    std::size_t n = 0;
+    for (std::size_t s = first; s < first + count; ++s) n += p.segment_n[s];
+    return {p.data.get(), p.k, n, p.kc, p.nr, p.pitch(), p.segment_panel0[first], p.isa};
 }
 
 void PackedMatrix::unpack(Matrix dst, Trans tb) const noexcept {
@@ -99,8 +127,8 @@ void PackedMatrix::unpack(Matrix dst, Trans tb) const noexcept {
     for (std::size_t kb = 0; kb < nkb; ++kb) {
         const std::size_t pc = kb * p.k / nkb, kcb = (kb + 1) * p.k / nkb - pc;
         for (std::size_t j = 0; j < p.n; ++j) {
-            const std::size_t s = j / p.segment_n, jj = j % p.segment_n;
-            const std::size_t q = s * p.segment_panels + jj / p.nr;
+            const auto [s, jj] = p.locate(j);
+            const std::size_t q = p.segment_panel0[s] + jj / p.nr;
             const float* panel = p.data.get() + pc * p.pitch() + q * kcb * p.nr + jj % p.nr;
             for (std::size_t r = 0; r < kcb; ++r) {
                 const float v = panel[r * p.nr];

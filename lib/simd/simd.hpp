@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
@@ -53,11 +54,13 @@ void layernorm_row(float* y, const float* x, const float* residual, std::size_t 
 // active when it was packed. Immutable after construction: share it across threads.
 // With `segments` > 1, the N columns are `segments` equal blocks (N % segments == 0), each padded to whole
 // panels, so one block is a valid B operand on its own (nn.MultiheadAttention's in_proj [3E, E] holds
-// Wq, Wk, Wv: one packed copy serves the fused Q/K/V GEMM and the three separate ones).
+// Wq, Wk, Wv: one packed copy serves the fused Q/K/V GEMM and the three separate ones). From parts, each
+// part is one segment of its own width (Wq [H·d, E], Wk and Wv [Hkv·d, E]); all parts share K.
 class PackedMatrix {
 public:
     PackedMatrix();
     PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments = 1);  // allocates (may throw std::bad_alloc)
+    PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb);    // parts non-empty
     ~PackedMatrix();
     PackedMatrix(PackedMatrix&&) noexcept;
     PackedMatrix& operator=(PackedMatrix&&) noexcept;

@@ -117,17 +117,7 @@ protected:
 
     // The run must fail: exit code != 0, nothing on stdout, exactly one line on stderr containing
     // `needle`, and no file created in the input folder.
-    void expect_failure(const std::vector<std::string>& args, const std::string& needle) {
-        const std::set<std::string> before = listing(dir_);
-        const Result r = mha(args);
-        EXPECT_NE(r.exit_code, 0);
-        EXPECT_EQ(r.out, "");
-        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
-        EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr: " << r.err;
-        EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
-        EXPECT_EQ(listing(dir_), before) << "files were created";
-        EXPECT_FALSE(fs::exists(dir_ / "output.npy"));
-    }
+    void expect_failure(const std::vector<std::string>& args, const std::string& needle) { expect_failure_with(args, {needle}); }
     void expect_run_failure(const std::string& needle, std::vector<std::string> extra = {}) {
         std::vector<std::string> args{"run", "--npy", dir_.string(), "--heads", "2", "--need-weights"};
         args.insert(args.end(), extra.begin(), extra.end());
@@ -433,7 +423,7 @@ TEST_F(ToolTest, RejectsBadFlagValues) {
     expect_failure({"run", "--npy", dir_.string()}, "--heads is required");
     expect_failure({"run", "--heads", "2"}, "--npy is required");
     expect_failure({}, "subcommand");
-    expect_failure({"rnu", "--heads", "2"}, "unknown command 'rnu': expected run or bench");
+    expect_failure({"rnu", "--heads", "2"}, "unknown command 'rnu': expected run, sdpa or bench");
 }
 
 TEST_F(ToolTest, RejectsMissingRequiredFiles) {
@@ -545,6 +535,95 @@ TEST_F(BenchTest, AttentionThreadsAreTheOnesUsed) {
     EXPECT_EQ(bench(many).value("threads", 0), pool);  // more than the pool is clamped to it
 }
 
+// attention with grouped-query heads, a head dim of its own, key/value widths and RoPE: separate q/k/v weights.
+// gflops: 2·B·(Lq·E·H·d + Lk·(kdim + vdim)·Hkv·d + Lq·H·d·E) + 4·B·H·Lq·Lk·d flops at the median time.
+TEST_F(BenchTest, AttentionDecoderShapesJson) {
+    const nlohmann::json j = bench({"--op", "attention", "--batch", "2", "--seq", "8", "--embed", "32", "--heads", "4",
+                                    "--kv-heads", "2", "--head-dim", "16", "--rope-theta", "10000", "--threads", "1"});
+    EXPECT_EQ(j.value("op", ""), "attention");
+    EXPECT_EQ(j.value("kv_heads", 0), 2);
+    EXPECT_EQ(j.value("head_dim", 0), 16);
+    EXPECT_EQ(j.value("kdim", 0), 32);
+    EXPECT_EQ(j.value("vdim", 0), 32);
+    EXPECT_EQ(j.value("rope_theta", 0.0), 10000.0);
+    ASSERT_TRUE(j.contains("gflops") && j["gflops"].is_number());
+    EXPECT_GT(j["gflops"].get<double>(), 0.0);
+    const double B = 2, L = 8, E = 32, H = 4, Hkv = 2, d = 16;
+    const double flops = 2 * B * (L * E * H * d + L * (E + E) * Hkv * d + L * H * d * E) + 4 * B * H * L * L * d;
+    EXPECT_NEAR(j["gflops"].get<double>(), flops / (j["ms_median"].get<double>() * 1e-3) / 1e9, 1e-6 * j["gflops"].get<double>());
+
+    const nlohmann::json x = bench({"--op", "attention", "--batch", "1", "--seq", "4", "--kv-seq", "6", "--embed", "16",
+                                    "--heads", "2", "--kdim", "12", "--vdim", "20", "--causal"});
+    EXPECT_EQ(x.value("kdim", 0), 12);
+    EXPECT_EQ(x.value("vdim", 0), 20);
+    EXPECT_EQ(x.value("head_dim", 0), 8);  // E / H
+    EXPECT_EQ(x.value("kv_heads", 0), 2);  // H
+    EXPECT_TRUE(x.contains("rope_theta") && x["rope_theta"].is_null());
+    const double f2 = 2 * 1 * (4 * 16 * 16 + 6 * (12 + 20) * 16 + 4 * 16 * 16) + 4 * 1 * 2 * 4 * 6 * 8;
+    EXPECT_NEAR(x["gflops"].get<double>(), f2 / (x["ms_median"].get<double>() * 1e-3) / 1e9, 1e-6 * x["gflops"].get<double>());
+}
+
+// sdpa: gflops = 4·B·H·d·(pairs) / t with all Lq·Lk pairs, gbps = K and V read once: 2·B·Hkv·Lk·d·4 bytes / t.
+TEST_F(BenchTest, SdpaJson) {
+    const nlohmann::json j = bench({"--op", "sdpa", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                                    "--seq", "8", "--kv-seq", "12", "--threads", "1", "--impl", "fused"});
+    EXPECT_EQ(j.value("op", ""), "sdpa");
+    EXPECT_EQ(j.value("backend", ""), "simd");
+    EXPECT_EQ(j.value("impl", ""), "fused");
+    EXPECT_EQ(j.value("threads", 0), 1);
+    EXPECT_EQ(j.value("batch", 0), 2);
+    EXPECT_EQ(j.value("heads", 0), 4);
+    EXPECT_EQ(j.value("kv_heads", 0), 2);
+    EXPECT_EQ(j.value("head_dim", 0), 16);
+    EXPECT_EQ(j.value("seq", 0), 8);
+    EXPECT_EQ(j.value("kv_seq", 0), 12);
+    EXPECT_EQ(j.value("causal", true), false);
+    EXPECT_EQ(j.value("flops_counted", ""), "all pairs");
+    ASSERT_TRUE(j.contains("gflops") && j["gflops"].is_number() && j.contains("gbps") && j["gbps"].is_number());
+    EXPECT_GT(j["gflops"].get<double>(), 0.0);
+    const double seconds = j["ms_median"].get<double>() * 1e-3;
+    EXPECT_NEAR(j["gflops"].get<double>(), 4.0 * 2 * 4 * 8 * 12 * 16 / seconds / 1e9, 1e-6 * j["gflops"].get<double>());
+    EXPECT_NEAR(j["gbps"].get<double>(), 2.0 * 2 * 2 * 12 * 16 * 4 / seconds / 1e9, 1e-6 * j["gbps"].get<double>());
+}
+
+// Causal sdpa counts only the visible pairs: Σ_i min(Lk, max(0, i + 1 + Lk − Lq)) (bottom-right aligned).
+TEST_F(BenchTest, SdpaCausalCountsVisiblePairs) {
+    struct Shape2 {
+        int lq, lk;
+        double pairs;
+    };
+    // Lq 4, Lk 6: 3 + 4 + 5 + 6; Lq 6, Lk 4: 0 + 0 + 1 + 2 + 3 + 4; Lq = Lk = 5: 1 + 2 + 3 + 4 + 5.
+    for (const Shape2 s : {Shape2{4, 6, 18}, Shape2{6, 4, 10}, Shape2{5, 5, 15}}) {
+        SCOPED_TRACE(std::to_string(s.lq) + "x" + std::to_string(s.lk));
+        const nlohmann::json j = bench({"--op", "sdpa", "--batch", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+                                        "--seq", std::to_string(s.lq), "--kv-seq", std::to_string(s.lk), "--causal"});
+        EXPECT_EQ(j.value("causal", false), true);
+        EXPECT_EQ(j.value("flops_counted", ""), "visible pairs");
+        ASSERT_TRUE(j.contains("gflops"));
+        EXPECT_NEAR(j["gflops"].get<double>(), 4.0 * 1 * 2 * 8 * s.pairs / (j["ms_median"].get<double>() * 1e-3) / 1e9,
+                    1e-6 * j["gflops"].get<double>());
+    }
+}
+
+TEST_F(BenchTest, SdpaDefaults) {
+    const nlohmann::json j = bench({"--op", "sdpa", "--backend", "scalar", "--seq", "4", "--batch", "1"});
+    EXPECT_EQ(j.value("backend", ""), "scalar");
+    EXPECT_EQ(j.value("threads", 0), 1);
+    EXPECT_EQ(j.value("impl", ""), "auto");
+    EXPECT_EQ(j.value("heads", 0), 12);
+    EXPECT_EQ(j.value("kv_heads", 0), 12);  // --heads
+    EXPECT_EQ(j.value("head_dim", 0), 64);
+    EXPECT_EQ(j.value("kv_seq", 0), 4);  // --seq
+}
+
+TEST_F(BenchTest, SdpaReadableLine) {
+    const Result r = mha({"bench", "--op", "sdpa", "--batch", "1", "--heads", "2", "--seq", "4", "--head-dim", "8", "--reps", "2"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("GFLOP/s"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("GB/s"), std::string::npos) << r.out;
+}
+
 TEST_F(BenchTest, GemmJson) {
     const nlohmann::json j = bench({"--op", "gemm", "--m", "33", "--n", "17", "--k", "9"});
     EXPECT_EQ(j.value("op", ""), "gemm");
@@ -589,6 +668,14 @@ TEST_F(BenchTest, Errors) {
     expect_failure({"bench", "--op", "softmax", "--threads", "0"}, "single-threaded");
     expect_failure({"bench", "--op", "softmax", "--m", "4"}, "--m does not apply to --op softmax");
     expect_failure({"bench", "--op", "gemm", "--causal"}, "--causal does not apply to --op gemm");
+    expect_failure({"bench", "--op", "gemm", "--kv-heads", "2"}, "--kv-heads does not apply to --op gemm");
+    expect_failure({"bench", "--op", "softmax", "--head-dim", "2"}, "--head-dim does not apply to --op softmax");
+    expect_failure({"bench", "--op", "sdpa", "--embed", "8"}, "--embed does not apply to --op sdpa");
+    expect_failure({"bench", "--op", "sdpa", "--rope-theta", "10000"}, "--rope-theta does not apply to --op sdpa");
+    expect_failure({"bench", "--op", "sdpa", "--kdim", "8"}, "--kdim does not apply to --op sdpa");
+    expect_failure({"bench", "--op", "attention", "--embed", "10", "--heads", "3", "--seq", "4", "--kv-heads", "2",
+                    "--head-dim", "4"},
+                   "num_kv_heads");  // H % Hkv, found by the library
     expect_failure({"bench", "--op", "conv"}, "--op");
     expect_failure({"bench", "--op", "attention", "--embed", "10", "--heads", "3", "--seq", "4"}, "not a multiple");
     expect_failure({"bench", "--op", "gemm", "--m", "0"}, "--m");
@@ -623,6 +710,23 @@ TEST_F(ToolTest, PyTorchFixtures) {
                 char eps[64];
                 std::snprintf(eps, sizeof eps, "%.9g", args["norm_eps"].get<double>());
                 argv.insert(argv.end(), {"--norm-eps", eps});
+            }
+            // Decoder-style fixtures, should args.json name them: the matching `mha run` flags.
+            const std::pair<const char*, const char*> integer_flags[] = {
+                {"kv_heads", "--kv-heads"}, {"head_dim", "--head-dim"}, {"rope_dims", "--rope-dims"}, {"position_offset", "--position-offset"}};
+            for (const auto& [key, flag] : integer_flags)
+                if (args.contains(key) && args[key].is_number_integer())
+                    argv.insert(argv.end(), {flag, std::to_string(args[key].get<long long>())});
+            if (args.contains("rope_theta") && args["rope_theta"].is_number()) {
+                char theta[64];
+                std::snprintf(theta, sizeof theta, "%.9g", args["rope_theta"].get<double>());
+                argv.insert(argv.end(), {"--rope-theta", theta});
+                if (args.contains("rope_style") && args["rope_style"].is_string())
+                    argv.insert(argv.end(), {"--rope-style", args["rope_style"].get<std::string>()});
+            }
+            if (args.value("causal_alignment", "") == "bottom_right") {
+                argv.erase(std::remove(argv.begin(), argv.end(), "--causal"), argv.end());
+                argv.push_back("--causal-bottom-right");
             }
             const Result r = mha(argv);
             ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,23 @@ inline Result run_tool(const std::vector<std::string>& args, const fs::path& cap
     return r;
 }
 
+// A .npy file of bytes ('|b1' bool or '|u1' uint8) in C order, as NumPy writes it (format 1.0).
+inline void write_bytes_npy(const fs::path& p, const std::vector<std::uint8_t>& v, const std::vector<std::size_t>& shape,
+                            const char* descr = "|b1") {
+    std::string tuple = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) tuple += (i ? ", " : "") + std::to_string(shape[i]);
+    tuple += shape.size() == 1 ? ",)" : ")";
+    std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + tuple + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string f("\x93NUMPY\x01\x00", 8);
+    f += static_cast<char>(header.size() & 0xff);
+    f += static_cast<char>(header.size() >> 8);
+    f += header;
+    f.append(reinterpret_cast<const char*>(v.data()), v.size());
+    std::ofstream(p, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
+}
+
 // The names in a folder.
 inline std::set<std::string> listing(const fs::path& dir) {
     std::set<std::string> names;
@@ -84,6 +103,19 @@ protected:
         if (!HasFailure()) fs::remove_all(base_);
     }
     Result mha(const std::vector<std::string>& args) { return run_tool(args, base_ / "capture"); }
+    // The command must fail: exit code != 0, nothing on stdout, exactly one line on stderr containing every
+    // needle, and no file created in the input folder.
+    void expect_failure_with(const std::vector<std::string>& args, const std::vector<std::string>& needles) {
+        const std::set<std::string> before = listing(dir_);
+        const Result r = mha(args);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_EQ(r.out, "");
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+        EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr: " << r.err;
+        for (const std::string& needle : needles) EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+        EXPECT_EQ(listing(dir_), before) << "files were created";
+        EXPECT_FALSE(fs::exists(dir_ / "output.npy"));
+    }
     fs::path base_, dir_;
 };
 

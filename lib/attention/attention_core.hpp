@@ -1,0 +1,129 @@
+// The SIMD attention core on projected heads, shared by MultiheadAttention (its Q, K, V and context are
+// strided head views into the projection buffers) and mha::scaled_dot_product_attention:
+//   out_h = softmax(scale·q_h·k_{h/G}ᵀ + masks)·v_{h/G}  for query heads h < H, G = H / Hkv.
+// Two paths, both parallel over tasks whose sizes depend on the shape only (bitwise equal results for any
+// thread count):
+//   grouped (fused): per (batch, KV head, query block) the G query heads' rows are stacked into one
+//     [G·rows, d] block and run against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM
+//     panels once per call (reads each K and V row once per group), key tiles with the online softmax;
+//   materialized: per (batch, query head, 64 query rows) the scores [rows, Lk] and a plain softmax; the
+//     only path that can return the probabilities (need_weights). It reads K and V once per query head.
+// Preconditions: arguments validated by the public entry point; scratch laid out by core_layout.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "mha/attention.hpp"
+#include "mha/sdpa.hpp"
+#include "../simd/simd.hpp"
+
+namespace mha::detail {
+
+// Rows of the materialized path's tasks: 64 rows × Lk scores stay in L2.
+inline constexpr std::size_t kQueryBlock = 64;
+// Stacked query rows (G heads × rows) of a grouped task. 128 halves how often each packed key/value tile
+// is streamed from L2 per query row, against 64 (measured for the MHA-only fused path, issue 9).
+inline constexpr std::size_t kGroupRows = 128;
+// Keys per tile of the grouped path (128 reruns the short-K microkernel epilogue and the per-row softmax
+// bookkeeping twice as often; 512 gains nothing and doubles the score tile).
+inline constexpr std::size_t kKeyTile = 256;
+// automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
+inline constexpr std::size_t kFusedMinKeys = 1024;
+
+enum class CorePath { materialized, grouped };
+CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;
+
+// Carves 64-byte aligned regions (16 floats) out of a running total, overflow-checked
+// (mha::invalid_argument if the scratch would not fit in the address space).
+struct Carver {
+    std::size_t total = 0;
+    std::size_t take(std::size_t floats);
+};
+// a·b, or mha::invalid_argument if the scratch size overflows.
+std::size_t scratch_mul(std::size_t a, std::size_t b);
+
+struct CoreShape {
+    std::size_t B = 0, H = 0, Hkv = 0, d = 0, Lq = 0, Lk = 0;
+};
+
+// Where the core's scratch lives, in floats: per-call regions from `call`, per-thread regions from `slot`
+// (the caller multiplies the slot by the thread count). Sizes cover every ISA this CPU has.
+struct CoreLayout {
+    std::size_t key_panels = 0, value_panels = 0, value_flags = 0;         // per call
+    std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;  // per thread
+    std::size_t gemm_a = 0, gemm_b = 0;
+    simd::GemmScratchSize gemm{};
+};
+CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot);
+
+// The problem, validated. causal_shift: query i sees keys j <= i + causal_shift (0: top-left,
+// Lk − Lq: bottom-right).
+struct CoreProblem {
+    ConstHeads q, k, v;  // [B, H, Lq, d], [B, Hkv, Lk, d], [B, Hkv, Lk, d]
+    Heads out;           // [B, H, Lq, d]
+    float scale = 1.0f;
+    bool causal = false;
+    std::ptrdiff_t causal_shift = 0;
+    MaskView key_padding_mask, attn_mask;
+    NeedWeights need_weights = NeedWeights::none;
+    float* attn_weights = nullptr;  // averaged [B, Lq, Lk] or per_head [B, H, Lq, Lk]
+};
+
+// The per-thread slot of this thread in the arena (tbb's current_thread_index).
+float* thread_slot(float* slots, std::size_t slot_floats, std::size_t threads) noexcept;
+
+class AttentionCore {
+public:
+    // base: the call's scratch (offsets of `layout` from it); slots: `threads` slots of slot_floats floats.
+    AttentionCore(const CoreProblem& problem, CorePath path, const CoreLayout& layout, float* base, float* slots,
+                  std::size_t slot_floats, std::size_t threads);
+    // Computes out (and attn_weights). Call inside the arena the slots were sized for.
+    void run() const;
+
+private:
+    struct Slot;
+    Slot slot() const noexcept;
+    void pack_keys_values() const;  // grouped: panels and value flags
+    void check_values() const;      // materialized: value flags
+    void grouped_task(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows) const;
+    void attend_block(std::size_t b, std::size_t h, std::size_t i0, std::size_t rows, Matrix scores,
+                      const simd::GemmScratch& gemm) const;
+    // Keys visible to query i by the causal rule (all Lk without it).
+    std::size_t visible_keys(std::size_t i) const noexcept;
+    simd::MaskRow key_padding_row(std::size_t b) const noexcept { return key_padding_.from(b * Lk_); }
+    simd::MaskRow attn_mask_row(std::size_t b, std::size_t h, std::size_t i) const noexcept {
+        if (!attn_mask_.present()) return {};
+        return attn_mask_.from(((attn_mask_rank_ == 3 ? (b * H_ + h) * Lq_ : 0) + i) * Lk_);
+    }
+    bool key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept;
+    bool value_nonfinite(std::size_t b, std::size_t kvh) const noexcept {
+        return value_flags_ != nullptr && __atomic_load_n(&value_flags_[b * Hkv_ + kvh], __ATOMIC_RELAXED) != 0;
+    }
+    // o[r, :] += Σ_j probs[r, j]·v[j0 + j, :] over the keys not masked for query i0 + r of head h: the P·V of
+    // a KV head whose values are not all finite (0·NaN must not reach o). Plain loops: a rare path.
+    void accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
+                             Matrix o) const noexcept;
+    simd::PanelMatrix key_panels(std::size_t b, std::size_t kvh) const noexcept;
+    simd::PanelMatrix value_panels(std::size_t b, std::size_t kvh) const noexcept;
+
+    CoreProblem p_;
+    CorePath path_;
+    std::size_t B_, H_, Hkv_, G_, d_, Lq_, Lk_;
+    simd::MaskRow key_padding_, attn_mask_;
+    int attn_mask_rank_ = 0;
+    std::uint8_t* value_flags_ = nullptr;  // [B·Hkv] when masks are present
+    float* key_panels_ = nullptr;
+    float* value_panels_ = nullptr;
+    std::size_t key_panel_stride_ = 0, value_panel_stride_ = 0, key_head_floats_ = 0, value_head_floats_ = 0;
+    Isa panel_isa_ = Isa::sse2;
+    CoreLayout layout_;
+    float* slots_;
+    std::size_t slot_floats_, threads_;
+};
+
+// K and V rows the core has read since the process started (each pack of a key/value row, or each row a
+// materialized task multiplies): tests check that a grouped call reads every row once per group.
+std::uint64_t kv_rows_read() noexcept;
+
+}  // namespace mha::detail

@@ -1,0 +1,54 @@
+// Input and output .npy files of the `mha run` and `mha sdpa` commands: loading a named file from the
+// --npy folder, dtype checks, masks as library views, and writing outputs under temporary names that are
+// renamed only once every file is written (so an error leaves no output file behind).
+#pragma once
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mha/mha.hpp>
+
+#include "commands.hpp"
+#include "npy.hpp"
+
+namespace mha::tool {
+
+[[noreturn]] inline void fail(const std::string& message) { throw tool_error(message); }
+
+struct Input {
+    std::string file;  // "query.npy": the name used in messages
+    npy::Array array;
+    const std::vector<std::size_t>& shape() const { return array.shape; }
+    std::string shape_str() const { return npy::shape_string(array.shape); }
+    const float* floats() const { return array.values.data(); }
+};
+
+// dir/file, or nullopt when it does not exist (a tool_error "<path>: required input is missing" when
+// required). npy::load reports unreadable files itself.
+std::optional<Input> load_input(const std::filesystem::path& dir, const std::string& file, bool required);
+
+// A tool_error unless the file holds float32 or float64 values.
+void require_float(const Input& in);
+
+// A tool_error "<file> has shape [..] but must be <formula> = [..]" unless the shape is `want`.
+void require_shape(const Input& in, const std::vector<std::size_t>& want, const std::string& formula);
+
+// A mask file (bool/uint8: nonzero = masked; float: added to the scores) as the library's view with dims
+// (rank 2 or 3; the file's own shape, or e.g. [1, Lk] for an unbatched key_padding_mask).
+MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims);
+
+// The output path (--out, or <dir>/output.npy); a tool_error when its folder does not exist.
+std::filesystem::path output_path(const std::filesystem::path& dir, const std::string& out);
+
+struct OutputFile {
+    std::filesystem::path path;
+    const std::vector<float>* data;
+    std::vector<std::size_t> shape;
+};
+
+// Writes every file under a temporary name, then renames them all; on any failure removes what it wrote.
+void write_outputs(const std::vector<OutputFile>& files);
+
+}  // namespace mha::tool
