@@ -56,8 +56,8 @@ struct AttentionWeights {
 // position p: with r rotary dims and θ_k = theta^(−2k/r), k = 0 .. r/2 − 1, each pair (x1, x2) becomes
 // (x1·cos(p·θ_k) − x2·sin(p·θ_k), x2·cos(p·θ_k) + x1·sin(p·θ_k)); dims r..d−1 are left as they are.
 // half pairs (x_k, x_{k+r/2}) (GPT-NeoX, Hugging Face Llama); interleaved pairs (x_{2k}, x_{2k+1}) (GPT-J,
-// Meta's Llama). Angles are computed in double (cos and sin of p·θ_k rounded once to float), so
-// positions up to 2^20 and beyond keep float accuracy.
+// Meta's Llama). Angles p·θ_k are computed in double and their cos and sin rounded once to float (the
+// scalar reference rounds only the rotated values), so positions up to 2^20 and beyond keep float accuracy.
 enum class RopeStyle { half, interleaved };
 struct RopeConfig {
     float theta = 10000.0f;       // > 0, finite
@@ -110,9 +110,11 @@ enum class Impl { automatic, materialized, fused };
 struct ForwardOptions {
     bool causal = false;                      // key j masked for query i when j > i (top-left aligned)
     CausalAlignment causal_alignment = CausalAlignment::top_left;
-    // Rotary positions (layers built with a RopeConfig): query row i and key row j of sequence b are at
-    // positions start_b + i and start_b + j, start_b = positions[b] when positions is set ([B]), else
-    // position_offset.
+    // Rotary positions (layers built with a RopeConfig): key row j of sequence b is at start_b + j and query
+    // row i at start_b + i, or at start_b + Lk − Lq + i with bottom_right alignment (the queries are the last
+    // Lq tokens of the key sequence, as with the causal rule; start_b >= Lq − Lk then). start_b = positions[b]
+    // when positions is set ([B]), else position_offset; start_b + max(Lq, Lk) <= 2^53. The alignment applies
+    // to the positions whether or not causal is set.
     std::size_t position_offset = 0;
     const std::size_t* positions = nullptr;
     NeedWeights need_weights = NeedWeights::none;

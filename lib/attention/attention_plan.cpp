@@ -71,7 +71,8 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
 LayerPlan::LayerPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
                      const ForwardOptions& opt, const ScratchLayout& layout, float* scratch)
     : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
-      self_attention_(is_self_attention(in)), scratch_(scratch) {
+      self_attention_(is_self_attention(in)),
+      query_shift_(opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0), scratch_(scratch) {
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (self_attention_) {
         const std::size_t w = qw + 2 * kvw;
@@ -88,11 +89,11 @@ LayerPlan::LayerPlan(const MultiheadAttention::State& st, const AttentionInputs&
     C_ = Batch(scratch + layout.context, B_, Lq_, qw);
 }
 
-void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t b, std::size_t r0, float* table) const {
+void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const {
     const std::size_t r = st_.rope->dims, half = r / 2, d = st_.d;
     float* cos_t = table;
     float* sin_t = table + kRowBlock * half;
-    rope_table(st_.rope_freq.data(), half, start_position(b) + r0, x.rows, cos_t, sin_t);
+    rope_table(st_.rope_freq.data(), half, p0, x.rows, cos_t, sin_t);
     for (std::size_t h = 0; h < heads; ++h) rope_rows(x.columns(h * d, d), r, st_.rope->style, cos_t, sin_t);
 }
 
@@ -115,9 +116,9 @@ void LayerPlan::project_inputs() const {
                     simd::gemm_packed(1.0f, x, Trans::no, st_.projection(1), 0.0f, st_.bias(1), qkv.columns(qw, kvw));
                     simd::gemm_packed(1.0f, x, Trans::no, st_.projection(2), 0.0f, st_.bias(2), qkv.columns(qw + kvw, kvw));
                 }
-                if (rope) {  // one angle table for the block's Q and K rows (same positions)
+                if (rope) {  // one angle table for the block's Q and K rows (same positions: Lq == Lk)
                     float* tab = table();
-                    rotate(qkv.columns(0, qw), H, b, r0, tab);
+                    rotate(qkv.columns(0, qw), H, start_position(b) + r0, tab);
                     const std::size_t half = st_.rope->dims / 2;
                     for (std::size_t h = 0; h < Hkv; ++h)
                         rope_rows(qkv.columns(qw + h * st_.d, st_.d), st_.rope->dims, st_.rope->style, tab, tab + kRowBlock * half);
@@ -134,7 +135,7 @@ void LayerPlan::project_inputs() const {
                 const std::size_t r0 = u * kRowBlock, n = std::min(kRowBlock, Lq_ - r0);
                 const Matrix q = Q_[b].row_block(r0, n);
                 simd::gemm_packed(1.0f, in_.query[b].row_block(r0, n), Trans::no, st_.projection(0), 0.0f, st_.bias(0), q);
-                if (rope) rotate(q, H, b, r0, table());
+                if (rope) rotate(q, H, query_start(b) + r0, table());
                 continue;
             }
             const bool is_key = u < nq + nk;
@@ -142,7 +143,7 @@ void LayerPlan::project_inputs() const {
             if (is_key) {
                 const Matrix k = K_[b].row_block(r0, n);
                 simd::gemm_packed(1.0f, in_.key[b].row_block(r0, n), Trans::no, st_.projection(1), 0.0f, st_.bias(1), k);
-                if (rope) rotate(k, Hkv, b, r0, table());
+                if (rope) rotate(k, Hkv, start_position(b) + r0, table());
             } else {
                 simd::gemm_packed(1.0f, in_.value[b].row_block(r0, n), Trans::no, st_.projection(2), 0.0f, st_.bias(2),
                                   V_[b].row_block(r0, n));

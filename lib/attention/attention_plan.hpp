@@ -45,11 +45,14 @@ private:
     void project_inputs() const;
     // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks.
     void project_output() const;
-    // RoPE on rows [r0, r0 + n) of batch b of the Q (part 0) or K (part 1) heads in `x` (columns: heads × d).
-    void rotate(Matrix x, std::size_t heads, std::size_t b, std::size_t r0, float* table) const;
+    // RoPE on the rows of `x` (columns: heads × d) at positions p0, p0 + 1, ...
+    void rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const;
     std::size_t start_position(std::size_t b) const noexcept {
         return opt_.positions != nullptr ? opt_.positions[b] : opt_.position_offset;
     }
+    // Query row i is at start_position(b) + query_shift_ + i (validated >= 0): bottom-right alignment puts the
+    // queries at the end of the key sequence.
+    std::size_t query_start(std::size_t b) const noexcept { return start_position(b) + query_shift_; }
 
     const MultiheadAttention::State& st_;
     const AttentionInputs& in_;
@@ -58,6 +61,7 @@ private:
     ScratchLayout layout_;
     std::size_t B_, Lq_, Lk_;
     bool self_attention_;
+    std::size_t query_shift_;  // Lk − Lq with bottom-right alignment (wraps when negative; start + shift >= 0)
     Batch Q_, K_, V_;  // [B, L, H·d | Hkv·d] views
     Batch C_;          // context [B, Lq, H·d]
     float* scratch_;

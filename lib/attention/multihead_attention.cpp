@@ -212,11 +212,16 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
     check_masks(in.key_padding_mask, in.attn_mask, B, H, Lq, Lk);
     if (st.rope) {
         // Positions must stay exact in double (the angle p·θ_k): start + L <= 2^53.
+        // Bottom-right alignment puts query row i at start + Lk − Lq + i, which must not be negative.
         constexpr std::size_t kMaxPosition = std::size_t{1} << 53;
         const std::size_t L = std::max(Lq, Lk);
+        const bool bottom_right = opt.causal_alignment == CausalAlignment::bottom_right;
         auto check_start = [&](std::size_t start, const std::string& name) {
             if (start > kMaxPosition - L)
                 fail(name + " " + std::to_string(start) + " + length " + std::to_string(L) + " exceeds 2^53");
+            if (bottom_right && Lq > Lk && start < Lq - Lk)
+                fail(name + " " + std::to_string(start) + " is smaller than Lq − Lk = " + std::to_string(Lq - Lk) +
+                     ": with bottom-right alignment the first query would be at a negative position");
         };
         if (opt.positions != nullptr) {
             checked_extent("positions", opt.positions, B);

@@ -1,7 +1,8 @@
 // Scalar reference multi-head attention (torch.nn.MultiheadAttention, batch_first, eval, extended to
 // decoder models as mha/attention.hpp writes it), built from the reference kernels. For each batch b:
 //   Q = query_b·Wqᵀ + bq [Lq, H·d],  K = key_b·Wkᵀ + bk [Lk, Hkv·d],  V = value_b·Wvᵀ + bv [Lk, Hkv·d]
-//   with RoPE: every d-wide head row of Q and of K rotated (reference::rope_row) at position start_b + i
+//   with RoPE: every d-wide head row of K rotated (reference::rope_row) at position start_b + j and of Q at
+//   start_b + i, or start_b + Lk − Lq + i with bottom-right alignment (the queries are the last Lq tokens)
 //   (start_b = opt.positions[b] if given, else opt.position_offset)
 //   C = attention_core over the heads of Q, K, V (query head h: columns [h·d, h·d + d) viewed with stride
 //       H·d, seed 003's slices; KV head h / (H / Hkv)), scale 1/sqrt(d), masks, causal as opt says
@@ -72,7 +73,8 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
         linear(in.value[b], wv, layer.bv, V);
         if (layer.rope) {
             const std::size_t start = opt.positions ? opt.positions[b] : opt.position_offset;
-            rope_rows(Q, H, d, *layer.rope, start);
+            const std::size_t query_start = opt.causal_alignment == CausalAlignment::bottom_right ? start + Lk - Lq : start;
+            rope_rows(Q, H, d, *layer.rope, query_start);
             rope_rows(K, Hkv, d, *layer.rope, start);
         }
 
