@@ -297,3 +297,157 @@ inline double relative_tolerance(const std::vector<double>& expected, const std:
 }
 
 }  // namespace mha_test
+
+// ---------------------------------------------------------------------------------------------------
+// Decoder attention (mha/sdpa.hpp, grouped-query heads): a double-precision attention core over heads
+// [B, H, L, d] that, like attention_double above, propagates a first-order bound on the error of a float
+// computation of the same formula (u = 2^-24). Extended to what the decoder layer and SDPA add:
+//   inputs carry their own bound (err): exact floats (SDPA) have 0, projections γ_{K+1}·(Σ|x||w| + |b|)
+//   query head h uses KV head h / G (G = H / Hkv); causal top-left (j > i) or bottom-right
+//   (j > i + Lk − Lq, signed: with Lq > Lk the first Lq − Lk queries see nothing and get zeros)
+//   scores  s = scale·Σ q·k  (scale: the float the library uses, taken as exact):
+//           |Δs| ≤ scale·Σ(|Δq||k| + |q||Δk|) + (d + 3)·u·scale·Σ|q||k|
+//   masks   z = s + m1 + m2:  + 2u·(|s| + |m1| + |m2|)
+//   softmax |Δp_j| ≤ p_j·(2·max_k(|Δz_k| + u·|z_k − max z|) + (Lk + 6 + 3T)·u), T = ⌈Lk / 256⌉: the
+//           fused path's online softmax rescales the running sum and accumulator once per 256-key tile
+//           (the rescale factor's own error multiplies both and cancels; each multiply rounds once), and
+//           its exp is within 2 ulp (lib/simd/softmax_math.hpp: 1.07 or 1.52 ulp) where libm's is 1
+//   context c = Σ_j p_j·v_j:  |Δc| ≤ Σ(|Δp_j||v_j| + p_j|Δv_j|) + (Lk + 2 + 2T)·u·Σ p_j|v_j|
+//           (Lk − 1 additions in any order, the final division by the sum, the T rescales)
+// Bounds returned here are first order and NOT multiplied by a safety factor; callers multiply (see
+// kDecoderSafety). A masked key has p = 0 with bound 0: both backends give exact zeros there.
+namespace mha_test {
+
+struct HeadsD {
+    std::size_t B = 0, H = 0, L = 0, d = 0;
+    std::vector<double> val, err;  // [B, H, L, d]: the exact value and the float error bound
+
+    HeadsD() = default;
+    HeadsD(std::size_t b, std::size_t h, std::size_t l, std::size_t dd)
+        : B(b), H(h), L(l), d(dd), val(b * h * l * dd, 0.0), err(b * h * l * dd, 0.0) {}
+    std::size_t at(std::size_t b, std::size_t h, std::size_t i, std::size_t c) const { return ((b * H + h) * L + i) * d + c; }
+    // Exact inputs (err 0) from a strided float view.
+    static HeadsD from(const mha::ConstHeads& v) {
+        HeadsD x(v.batch, v.heads, v.rows, v.dim);
+        for (std::size_t b = 0; b < v.batch; ++b)
+            for (std::size_t h = 0; h < v.heads; ++h)
+                for (std::size_t i = 0; i < v.rows; ++i)
+                    for (std::size_t c = 0; c < v.dim; ++c) x.val[x.at(b, h, i, c)] = v.head(b, h)(i, c);
+        return x;
+    }
+};
+
+// The additive value of element `flat` of a mask view (boolean set → -inf).
+inline double mask_view_value(const mha::MaskView& m, std::size_t flat) {
+    if (m.type == mha::MaskType::boolean) return m.bools[flat] ? -INFINITY : 0.0;
+    return double(m.values[flat]);
+}
+
+struct CoreSpec {
+    double scale = 1.0;  // the float scale the library uses, as a double
+    bool causal = false;
+    mha::CausalAlignment alignment = mha::CausalAlignment::top_left;
+    mha::MaskView key_padding_mask, attn_mask;  // as the library takes them ([B, Lk]; [Lq, Lk] or [B·H, Lq, Lk])
+};
+
+struct CoreExpected {
+    HeadsD ctx;                              // [B, H, Lq, d]
+    std::vector<double> probs, probs_err;    // [B, H, Lq, Lk]
+};
+
+// Whether causal masking hides key j from query i (signed arithmetic for bottom-right).
+inline bool causal_hides(const CoreSpec& s, std::size_t i, std::size_t j, std::size_t Lq, std::size_t Lk) {
+    if (!s.causal) return false;
+    const long long last = s.alignment == mha::CausalAlignment::top_left ? (long long)i : (long long)i + (long long)Lk - (long long)Lq;
+    return (long long)j > last;
+}
+
+inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& v, const CoreSpec& s) {
+    const std::size_t B = q.B, H = q.H, Hkv = k.H, G = H / Hkv, Lq = q.L, Lk = k.L, d = q.d;
+    const double T = double((Lk + 255) / 256);
+    CoreExpected ex;
+    ex.ctx = HeadsD(B, H, Lq, d);
+    ex.probs.assign(B * H * Lq * Lk, 0.0), ex.probs_err.assign(B * H * Lq * Lk, 0.0);
+    std::vector<double> z(Lk), ez(Lk);
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t h = 0; h < H; ++h) {
+            const std::size_t kh = h / G;
+            for (std::size_t i = 0; i < Lq; ++i) {
+                double zmax = -INFINITY;
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    const double m1 = s.key_padding_mask.present() ? mask_view_value(s.key_padding_mask, b * Lk + j) : 0.0;
+                    const double m2 = !s.attn_mask.present()     ? 0.0
+                                      : s.attn_mask.rank == 2 ? mask_view_value(s.attn_mask, i * Lk + j)
+                                                              : mask_view_value(s.attn_mask, ((b * H + h) * Lq + i) * Lk + j);
+                    if (causal_hides(s, i, j, Lq, Lk) || m1 == -INFINITY || m2 == -INFINITY) {
+                        z[j] = -INFINITY, ez[j] = 0.0;
+                        continue;
+                    }
+                    double dot = 0.0, mag = 0.0, prop = 0.0;
+                    for (std::size_t c = 0; c < d; ++c) {
+                        const double a = q.val[q.at(b, h, i, c)], e = k.val[k.at(b, kh, j, c)];
+                        dot += a * e, mag += std::abs(a * e);
+                        prop += q.err[q.at(b, h, i, c)] * std::abs(e) + std::abs(a) * k.err[k.at(b, kh, j, c)];
+                    }
+                    const double sc = s.scale * dot;
+                    z[j] = sc + m1 + m2;
+                    ez[j] = s.scale * prop + double(d + 3) * kU * s.scale * mag + 2 * kU * (std::abs(sc) + std::abs(m1) + std::abs(m2));
+                    zmax = std::max(zmax, z[j]);
+                }
+                if (zmax == -INFINITY) continue;  // every key masked: zero probabilities and context
+                double sum = 0.0, dz = 0.0;
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    if (z[j] == -INFINITY) continue;
+                    sum += std::exp(z[j] - zmax);
+                    dz = std::max(dz, ez[j] + kU * std::abs(z[j] - zmax));
+                }
+                const std::size_t row = ((b * H + h) * Lq + i) * Lk;
+                for (std::size_t j = 0; j < Lk; ++j) {
+                    const double p = z[j] == -INFINITY ? 0.0 : std::exp(z[j] - zmax) / sum;
+                    ex.probs[row + j] = p;
+                    ex.probs_err[row + j] = p * (2 * dz + (double(Lk) + 6 + 3 * T) * kU);
+                }
+                for (std::size_t c = 0; c < d; ++c) {
+                    double cv = 0.0, mag = 0.0, prop = 0.0;
+                    for (std::size_t j = 0; j < Lk; ++j) {
+                        const double p = ex.probs[row + j];
+                        if (p == 0.0) continue;
+                        const double x = v.val[v.at(b, kh, j, c)];
+                        cv += p * x, mag += p * std::abs(x);
+                        prop += ex.probs_err[row + j] * std::abs(x) + p * v.err[v.at(b, kh, j, c)];
+                    }
+                    ex.ctx.val[ex.ctx.at(b, h, i, c)] = cv;
+                    ex.ctx.err[ex.ctx.at(b, h, i, c)] = prop + (double(Lk) + 2 + 2 * T) * kU * mag;
+                }
+            }
+        }
+    return ex;
+}
+
+// The safety factor on the first-order bounds above (covers the second-order terms), and the bound on
+// |simd − scalar|: both backends are float computations of one formula, each within c·bound of the
+// exact value, so they differ by at most 2·c·bound.
+constexpr double kDecoderSafety = 2.0;
+inline std::vector<double> backend_difference_bound(const std::vector<double>& bound) {
+    std::vector<double> t(bound.size());
+    for (std::size_t i = 0; i < bound.size(); ++i) t[i] = 2 * kDecoderSafety * bound[i];
+    return t;
+}
+
+// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the ISA that was active before (also
+// when f fails an ASSERT or throws).
+template <class F>
+void for_each_cpu_isa(F f) {
+    struct Restore {
+        mha::Isa isa;
+        ~Restore() { mha::set_isa_cap(isa); }
+    } restore{mha::active_isa()};
+    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
+        if (isa > mha::detected_isa()) continue;
+        mha::set_isa_cap(isa);
+        SCOPED_TRACE(mha::isa_name(isa));
+        f(isa);
+    }
+}
+
+}  // namespace mha_test
