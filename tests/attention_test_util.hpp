@@ -306,14 +306,22 @@ inline double relative_tolerance(const std::vector<double>& expected, const std:
 //   query head h uses KV head h / G (G = H / Hkv); causal top-left (j > i) or bottom-right
 //   (j > i + Lk − Lq, signed: with Lq > Lk the first Lq − Lk queries see nothing and get zeros)
 //   scores  s = scale·Σ q·k  (scale: the float the library uses, taken as exact):
-//           |Δs| ≤ scale·Σ(|Δq||k| + |q||Δk|) + (d + 3)·u·scale·Σ|q||k|
+//           |Δs| ≤ scale·Σ(|Δq||k| + |q||Δk|) + (d + 3)·u·scale·Σ|q||k|, where the first sum, over the d
+//           independently rounded q and k elements, is taken in quadrature (independent_sum, below)
 //   masks   z = s + m1 + m2:  + 2u·(|s| + |m1| + |m2|)
 //   softmax |Δp_j| ≤ p_j·(2·max_k(|Δz_k| + u·|z_k − max z|) + (Lk + 6 + 3T)·u), T = ⌈Lk / 256⌉: the
-//           fused path's online softmax rescales the running sum and accumulator once per 256-key tile
-//           (the rescale factor's own error multiplies both and cancels; each multiply rounds once), and
-//           its exp is within 2 ulp (lib/simd/softmax_math.hpp: 1.07 or 1.52 ulp) where libm's is 1
-//   context c = Σ_j p_j·v_j:  |Δc| ≤ Σ(|Δp_j||v_j| + p_j|Δv_j|) + (Lk + 2 + 2T)·u·Σ p_j|v_j|
-//           (Lk − 1 additions in any order, the final division by the sum, the T rescales)
+//           fused path's online softmax rescales the running sum and accumulator once per 256-key tile,
+//           and its exp is within 2 ulp (lib/simd/softmax_math.hpp: 1.07 or 1.52 ulp)
+//   context c = Σ_j p_j·v_j, to first order (p_j = e^{z_j} / Σ_k e^{z_k}):
+//     score errors δ_j move p_j by p_j·(δ_j − Σ_k p_k δ_k), so c by Σ_j p_j·δ_j·(v_j − c):
+//           ≤ Σ_j p_j·|Δz_j|·|v_j − c|   (0 when one key takes all the weight)
+//     each e_j's own rounding (exp 2u, z − max rounded: u·|z_j − max|, the divide or multiply by 1/Σ,
+//     and on the fused path the rescales e^{m − m'} applied after e_j's tile: 3u each, their
+//     subtractions summing to at most u·|z_j − max z|):  Σ_j p_j·((4 + 3T)·u + 2u·|z_j − max z|)·|v_j|
+//     the rounding of the sum Σ_k e_k (Lk − 1 additions of positive terms, T rescales) and the final
+//     division scale every p_j alike:  (Lk + 2 + 3T)·u·|c|
+//     the P·V sum (Lk terms in any order, beta = 1 across tiles, the accumulator's T rescales):
+//           (Lk + 2T)·u·Σ_j p_j|v_j|,  plus Σ_j p_j·|Δv_j| from the inputs
 // Bounds returned here are first order and NOT multiplied by a safety factor; callers multiply (see
 // kDecoderSafety). A masked key has p = 0 with bound 0: both backends give exact zeros there.
 namespace mha_test {
@@ -362,9 +370,23 @@ inline bool causal_hides(const CoreSpec& s, std::size_t i, std::size_t j, std::s
     return (long long)j > last;
 }
 
+// Errors of distinct computed elements (different dot products: each q, k, v or context element) are
+// treated as independent, as in the probabilistic model of rounding errors (Higham and Mary, SIAM J. Sci.
+// Comput. 41(5), 2019): a combination Σ a_i·e_i of independent mean-zero errors with |e_i| ≤ b_i exceeds
+// λ·√(Σ a_i² b_i²) with probability at most 2·exp(−λ²/2) (Hoeffding), 3e-8 for λ = 6. The b_i are
+// themselves worst-case bounds (typical errors are far smaller). Never more than the worst case Σ|a_i| b_i.
+constexpr double kIndependentLambda = 6.0;
+inline double independent_sum(double linear, double sum_of_squares) {
+    return std::min(linear, kIndependentLambda * std::sqrt(sum_of_squares));
+}
+// The growth of rounding errors in a sum of n terms, in units of u times the sum of the terms' magnitudes:
+// n in the worst case; λ·√n in the same model (Higham and Mary, Theorem 3.1: |ŝ − s| ≤ γ̃_n(λ)·Σ|x_i|,
+// γ̃_n(λ) ≈ λ·√n·u, with probability at least 1 − 2n·exp(−λ²(1 − u)²/2)).
+inline double rounding_growth(std::size_t n) { return std::min(double(n), kIndependentLambda * std::sqrt(double(n))); }
+
 inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& v, const CoreSpec& s) {
     const std::size_t B = q.B, H = q.H, Hkv = k.H, G = H / Hkv, Lq = q.L, Lk = k.L, d = q.d;
-    const double T = double((Lk + 255) / 256);
+    const double T = double((Lk + 255) / 256), abs_scale = std::abs(s.scale);
     CoreExpected ex;
     ex.ctx = HeadsD(B, H, Lq, d);
     ex.probs.assign(B * H * Lq * Lk, 0.0), ex.probs_err.assign(B * H * Lq * Lk, 0.0);
@@ -383,15 +405,16 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                         z[j] = -INFINITY, ez[j] = 0.0;
                         continue;
                     }
-                    double dot = 0.0, mag = 0.0, prop = 0.0;
+                    double dot = 0.0, mag = 0.0, prop = 0.0, prop2 = 0.0;
                     for (std::size_t c = 0; c < d; ++c) {
                         const double a = q.val[q.at(b, h, i, c)], e = k.val[k.at(b, kh, j, c)];
+                        const double tq = q.err[q.at(b, h, i, c)] * std::abs(e), tk = std::abs(a) * k.err[k.at(b, kh, j, c)];
                         dot += a * e, mag += std::abs(a * e);
-                        prop += q.err[q.at(b, h, i, c)] * std::abs(e) + std::abs(a) * k.err[k.at(b, kh, j, c)];
+                        prop += tq + tk, prop2 += tq * tq + tk * tk;
                     }
                     const double sc = s.scale * dot;
                     z[j] = sc + m1 + m2;
-                    ez[j] = s.scale * prop + double(d + 3) * kU * s.scale * mag + 2 * kU * (std::abs(sc) + std::abs(m1) + std::abs(m2));
+                    ez[j] = abs_scale * independent_sum(prop, prop2) + rounding_growth(d + 3) * kU * abs_scale * mag + 2 * kU * (std::abs(sc) + std::abs(m1) + std::abs(m2));
                     zmax = std::max(zmax, z[j]);
                 }
                 if (zmax == -INFINITY) continue;  // every key masked: zero probabilities and context
@@ -405,19 +428,25 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                 for (std::size_t j = 0; j < Lk; ++j) {
                     const double p = z[j] == -INFINITY ? 0.0 : std::exp(z[j] - zmax) / sum;
                     ex.probs[row + j] = p;
-                    ex.probs_err[row + j] = p * (2 * dz + (double(Lk) + 6 + 3 * T) * kU);
+                    ex.probs_err[row + j] = p * (2 * dz + (rounding_growth(Lk) + 6 + 3 * T) * kU);
                 }
                 for (std::size_t c = 0; c < d; ++c) {
-                    double cv = 0.0, mag = 0.0, prop = 0.0;
+                    double cv = 0.0;
+                    for (std::size_t j = 0; j < Lk; ++j)
+                        if (ex.probs[row + j] > 0.0) cv += ex.probs[row + j] * v.val[v.at(b, kh, j, c)];
+                    double mag = 0.0, score = 0.0, own = 0.0, prop = 0.0;
                     for (std::size_t j = 0; j < Lk; ++j) {
                         const double p = ex.probs[row + j];
                         if (p == 0.0) continue;
                         const double x = v.val[v.at(b, kh, j, c)];
-                        cv += p * x, mag += p * std::abs(x);
-                        prop += ex.probs_err[row + j] * std::abs(x) + p * v.err[v.at(b, kh, j, c)];
+                        mag += p * std::abs(x);
+                        score += p * ez[j] * std::abs(x - cv);
+                        own += p * ((4 + 3 * T) * kU + 2 * kU * std::abs(z[j] - zmax)) * std::abs(x);
+                        prop += p * v.err[v.at(b, kh, j, c)];
                     }
                     ex.ctx.val[ex.ctx.at(b, h, i, c)] = cv;
-                    ex.ctx.err[ex.ctx.at(b, h, i, c)] = prop + (double(Lk) + 2 + 2 * T) * kU * mag;
+                    ex.ctx.err[ex.ctx.at(b, h, i, c)] =
+                        score + own + prop + (rounding_growth(Lk) + 2 * T) * kU * mag + (rounding_growth(Lk) + 2 + 3 * T) * kU * std::abs(cv);
                 }
             }
         }
