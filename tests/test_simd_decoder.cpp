@@ -78,6 +78,8 @@ struct LayerCase {
     int attn_mask = 0;    // 0 none, 1 2-D bool, 2 2-D additive, 3 3-D bool, 4 3-D additive
 };
 
+constexpr float kPadding = 777.0f;  // memory next to an output that no call may write
+
 std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) { return mha_test::random_floats(n, -bound, bound, seed); }
 
 // A layer (weights like nn.Linear's init: ±1/√fan_in) and its inputs in [-1, 1].
@@ -428,6 +430,96 @@ TEST(SimdDecoder, BitwiseEqualAcrossThreadCounts) {
     }
 }
 
+// The decoder layer in a caller's Workspace of exactly workspace_bytes() (the grouped path's packed K/V
+// panels, the RoPE tables, the separate projections of kdim / vdim): the same bits as without one; one
+// byte less is refused before anything is written. And an output whose rows are padded: the padding stays
+// untouched and the values are the contiguous output's.
+TEST(SimdDecoder, WorkspaceAndPaddedOutput) {
+    const LayerCase cases[] = {kCases[2], kCases[3], kCases[6]};
+    for (const LayerCase& lc : cases) {
+        SCOPED_TRACE(lc.name);
+        const Layer L(lc);
+        const mha::MultiheadAttention m = L.make();
+        const std::size_t n = L.c.B * L.c.Lq * L.c.E;
+        mha_test::for_each_cpu_isa([&](mha::Isa) {
+            for (mha::Impl impl : kImpls)
+                for (auto need : {mha::NeedWeights::none, mha::NeedWeights::averaged}) {
+                    SCOPED_TRACE(::testing::Message() << impl_name(impl) << (need == mha::NeedWeights::none ? "" : " averaged"));
+                    const Layer::Result want = L.run(m, mha::Backend::simd, impl, need);
+                    const mha::ForwardOptions o = L.options(mha::Backend::simd, impl, need, 0);
+                    const std::size_t bytes = m.workspace_bytes(L.inputs(), o);
+                    Layer::Result got{std::vector<float>(n, kPadding), std::vector<float>(want.weights.size(), kPadding)};
+                    const mha::AttentionOutputs out{mha::Batch(got.output.data(), L.c.B, L.c.Lq, L.c.E),
+                                                    got.weights.empty() ? nullptr : got.weights.data()};
+                    {
+                        mha::Workspace ws(bytes);
+                        m.forward(L.inputs(), out, o, ws);
+                        EXPECT_TRUE(got == want) << "exactly workspace_bytes() = " << bytes;
+                    }
+                    std::fill(got.output.begin(), got.output.end(), kPadding);
+                    std::fill(got.weights.begin(), got.weights.end(), kPadding);
+                    {
+                        mha::Workspace ws(bytes - 1);
+                        try {
+                            m.forward(L.inputs(), out, o, ws);
+                            ADD_FAILURE() << "a workspace one byte short was taken";
+                        } catch (const mha::invalid_argument& e) {
+                            EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+                        }
+                        for (float x : got.output) ASSERT_EQ(x, kPadding) << "output written before the error";
+                        for (float x : got.weights) ASSERT_EQ(x, kPadding) << "weights written before the error";
+                    }
+                    // Rows of E + 5 floats, batches 3 floats apart more: only the E values of each row are written.
+                    const std::size_t rs = L.c.E + 5, bs = L.c.Lq * rs + 3;
+                    std::vector<float> padded(L.c.B * bs, kPadding);
+                    m.forward(L.inputs(),
+                              {mha::Batch(padded.data(), L.c.B, L.c.Lq, L.c.E, rs, bs), got.weights.empty() ? nullptr : got.weights.data()}, o);
+                    for (std::size_t b = 0; b < L.c.B; ++b)
+                        for (std::size_t i = 0; i < L.c.Lq; ++i)
+                            for (std::size_t e = 0; e < rs; ++e) {
+                                const float x = padded[b * bs + i * rs + e];
+                                if (e < L.c.E) ASSERT_EQ(x, want.output[(b * L.c.Lq + i) * L.c.E + e]) << b << " " << i << " " << e;
+                                else ASSERT_EQ(x, kPadding) << "padding written at " << b << " " << i << " " << e;
+                            }
+                    for (std::size_t b = 0; b < L.c.B; ++b)
+                        for (std::size_t t = L.c.Lq * rs; t < bs; ++t) ASSERT_EQ(padded[b * bs + t], kPadding);
+                }
+        });
+    }
+}
+
+// key.data == nullptr means key = query, value.data == nullptr means value = key: omitting them gives the
+// bits of passing them (a GQA layer, on every impl).
+TEST(SimdDecoder, OmittedKeyOrValue) {
+    LayerCase lc{.name = "omitted", .E = 64, .H = 8, .Hkv = 2, .d = 32, .kdim = 48, .vdim = 48, .B = 2, .Lq = 9, .Lk = 70,
+                 .rope = rope(mha::RopeStyle::interleaved), .causal = true, .alignment = mha::CausalAlignment::bottom_right};
+    const Layer L(lc);  // kdim = vdim = 48: value = key is possible
+    const mha::MultiheadAttention m = L.make();
+    lc.kdim = lc.vdim = 0;
+    const Layer Lself(lc);  // kdim = vdim = E: key = query is possible
+    const mha::MultiheadAttention mself = Lself.make();
+    for (mha::Impl impl : kImpls) {
+        SCOPED_TRACE(impl_name(impl));
+        const mha::ForwardOptions o = L.options(mha::Backend::simd, impl, mha::NeedWeights::none, 0);
+        std::vector<float> a(L.c.B * L.c.Lq * L.c.E), b(a.size());
+        mha::AttentionInputs in = L.inputs();
+        in.value = in.key;
+        m.forward(in, {mha::Batch(a.data(), L.c.B, L.c.Lq, L.c.E)}, o);
+        in.value = {};
+        m.forward(in, {mha::Batch(b.data(), L.c.B, L.c.Lq, L.c.E)}, o);
+        EXPECT_EQ(a, b) << "value omitted";
+        // key omitted (= query, Lk = Lq), value given.
+        mha::AttentionInputs s = Lself.inputs();
+        const std::vector<float> v = uniform(Lself.c.B * Lself.c.Lq * Lself.c.E, 1.0f, 99);
+        s.key = s.query;
+        s.value = mha::ConstBatch(v.data(), Lself.c.B, Lself.c.Lq, Lself.c.E);
+        mself.forward(s, {mha::Batch(a.data(), L.c.B, L.c.Lq, L.c.E)}, o);
+        s.key = {};
+        mself.forward(s, {mha::Batch(b.data(), L.c.B, L.c.Lq, L.c.E)}, o);
+        EXPECT_EQ(a, b) << "key omitted";
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // K and V rows read (mha::detail::kv_rows_read, counted by the core as it packs or multiplies them).
 
@@ -489,13 +581,14 @@ namespace {
 // evaluation of a wrong one, and must be refused. (Shifting every position by one is no mistake: RoPE
 // scores depend on i − j only, so offsets and positions[B] show only in the rounding of large angles.)
 TEST(SimdDecoder, ToleranceCatchesWrongConfigurations) {
-    const LayerCase base{.name = "base", .E = 200, .H = 8, .Hkv = 2, .d = 80, .B = 2, .Lq = 40, .Lk = 257,
+    const LayerCase base{.name = "base", .E = 200, .H = 8, .Hkv = 2, .d = 80, .B = 2, .Lq = 16, .Lk = 257,
                          .rope = rope(mha::RopeStyle::half, 40), .position_offset = kFar, .causal = true,
                          .alignment = mha::CausalAlignment::bottom_right, .key_padding = 1};
     const Layer L(base);
-    const std::vector<double> tol = mha_test::backend_difference_bound(layer_double(L).out_err);
+    const LayerExpected right = layer_double(L);
+    const std::vector<double> tol = mha_test::backend_difference_bound(right.out_err);
     const Layer::Result simd = L.run(L.make(), mha::Backend::simd, mha::Impl::automatic);
-    ASSERT_TRUE(mha_test::all_within(simd.output, layer_double(L).out, tol));
+    ASSERT_TRUE(mha_test::all_within(simd.output, right.out, tol));
     auto expect_caught = [&](const char* what, const Layer& wrong, std::size_t k_shift = 0) {
         EXPECT_FALSE(mha_test::all_within(simd.output, layer_double(wrong, k_shift).out, tol)) << what << " went unnoticed";
     };
