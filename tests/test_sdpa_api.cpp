@@ -297,8 +297,9 @@ TEST(SdpaApi, ScaleGivenAndDefault) {
 TEST(SdpaApi, CausalBothAlignments) {
     const std::pair<std::size_t, std::size_t> lengths[] = {{5, 300}, {65, 65}, {300, 7}, {70, 63}};
     std::uint32_t seed = 500;
-    for (auto [Lq, Lk] : lengths)
+    for (const auto& [lq, lk] : lengths)
         for (auto align : {mha::CausalAlignment::top_left, mha::CausalAlignment::bottom_right}) {
+            const std::size_t Lq = lq, Lk = lk;  // not the bindings: lambdas below capture them
             Problem p({2, 8, 2, Lq, Lk, 32}, Layout::blhd, seed += 3);
             p.opt.causal = true;
             p.opt.causal_alignment = align;
@@ -463,6 +464,7 @@ TEST(SdpaApi, ToleranceCatchesOneKey) {
 // is written (the sentinel-filled output is unchanged), on both backends.
 
 constexpr float kSentinel = -12345.0f;
+constexpr std::size_t huge = std::numeric_limits<std::size_t>::max() / 4;  // a stride past the address space
 
 struct Call {
     std::vector<float> q, k, v, out;
@@ -510,7 +512,6 @@ void expect_refused(Call& call, const std::function<void()>& f, const std::strin
 }
 
 std::vector<BadCase> bad_cases() {
-    const std::size_t huge = std::numeric_limits<std::size_t>::max() / 4;
     std::vector<BadCase> cases = {
         // shapes
         {"query heads 4 are not a multiple of key/value heads 3",
@@ -542,9 +543,9 @@ std::vector<BadCase> bad_cases() {
         {"value is a null pointer", [](Call& c) { c.in.value.data = nullptr; }},
         {"output is a null pointer", [](Call& c) { c.output.data = nullptr; }},
         // extents past the address space
-        {"query", [huge](Call& c) { c.in.query.batch_stride = huge; }},
-        {"key", [huge](Call& c) { c.in.key.row_stride = huge; }},
-        {"output", [huge](Call& c) { c.output.head_stride = huge; }},
+        {"query", [](Call& c) { c.in.query.batch_stride = huge; }},
+        {"key", [](Call& c) { c.in.key.row_stride = huge; }},
+        {"output", [](Call& c) { c.output.head_stride = huge; }},
         // output rows overlapping each other or the inputs / masks
         {"output rows overlap", [](Call& c) { c.output.head_stride = 0; }},
         {"output rows overlap", [](Call& c) { c.output.row_stride = 4; }},
