@@ -1,6 +1,7 @@
 // The public mha::scaled_dot_product_attention (mha/sdpa.hpp): the SIMD backend against the scalar one
-// on every ISA this CPU has and every impl, with q/k/v as [B, H, L, d] or [B, L, H, d] and the output as
-// [B, H, Lq, d] or [B, Lq, H·d]; grouped-query heads against MHA with K/V repeated per head; MQA; scale;
+// on every ISA this CPU has and every impl, with q/k/v as [B, H, L, d], [B, L, H, d] or [L, B, H, d] and the
+// output as [B, H, Lq, d], [B, Lq, H·d] or [Lq, B, H·d]; mixed layouts, stride-0 heads, padded output rows;
+// grouped-query heads against MHA with K/V repeated per head; MQA; scale;
 // causal in both alignments; every mask kind and rank; fully masked rows; the masked-NaN rule; the
 // validation of every argument (mha::invalid_argument naming it, nothing written); the Workspace.
 //
@@ -40,18 +41,21 @@ using mha::Heads;
 using mha_test::CoreExpected;
 using mha_test::HeadsD;
 
-enum class Layout { bhld, blhd };  // [B, H, L, d] or [B, L, H, d] (= [B, L, H·d])
+// [B, H, L, d], [B, L, H, d] (= [B, L, H·d]) or sequence-first [L, B, H, d] (= [L, B, H·d]).
+enum class Layout { bhld, blhd, lbhd };
 
-const char* layout_name(Layout l) { return l == Layout::bhld ? "bhld" : "blhd"; }
+const char* layout_name(Layout l) { return l == Layout::bhld ? "bhld" : l == Layout::blhd ? "blhd" : "lbhd"; }
 
 struct Shape {
     std::size_t B, H, Hkv, Lq, Lk, d;
 };
 
 // Index of element (b, h, i, c) of a contiguous [B, H, L, d] tensor stored in layout l.
-std::size_t index_of(Layout l, std::size_t H, std::size_t L, std::size_t d, std::size_t b, std::size_t h, std::size_t i,
-                     std::size_t c) {
-    return l == Layout::bhld ? ((b * H + h) * L + i) * d + c : ((b * L + i) * H + h) * d + c;
+std::size_t index_of(Layout l, std::size_t B, std::size_t H, std::size_t L, std::size_t d, std::size_t b, std::size_t h,
+                     std::size_t i, std::size_t c) {
+    if (l == Layout::bhld) return ((b * H + h) * L + i) * d + c;
+    if (l == Layout::blhd) return ((b * L + i) * H + h) * d + c;
+    return ((i * B + b) * H + h) * d + c;
 }
 
 // x (canonical [B, H, L, d]) stored in layout l.
@@ -60,13 +64,15 @@ std::vector<float> to_layout(const std::vector<float>& x, Layout l, std::size_t 
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t h = 0; h < H; ++h)
             for (std::size_t i = 0; i < L; ++i)
-                for (std::size_t c = 0; c < d; ++c) y[index_of(l, H, L, d, b, h, i, c)] = x[((b * H + h) * L + i) * d + c];
+                for (std::size_t c = 0; c < d; ++c) y[index_of(l, B, H, L, d, b, h, i, c)] = x[((b * H + h) * L + i) * d + c];
     return y;
 }
 
 template <class T>
 mha::HeadsView<T> view(T* p, Layout l, std::size_t B, std::size_t H, std::size_t L, std::size_t d) {
-    return l == Layout::bhld ? mha::HeadsView<T>::bhld(p, B, H, L, d) : mha::HeadsView<T>::blhd(p, B, L, H, d);
+    if (l == Layout::bhld) return mha::HeadsView<T>::bhld(p, B, H, L, d);
+    if (l == Layout::blhd) return mha::HeadsView<T>::blhd(p, B, L, H, d);
+    return mha::HeadsView<T>(p, B, H, L, d, H * d, d, B * H * d);
 }
 
 // A random problem. The values depend on the seed only, not on the layout: q in [-2, 2] (peaked
@@ -102,7 +108,7 @@ struct Problem {
             for (std::size_t h = 0; h < s.H; ++h)
                 for (std::size_t i = 0; i < s.Lq; ++i)
                     for (std::size_t c = 0; c < s.d; ++c)
-                        canonical[((b * s.H + h) * s.Lq + i) * s.d + c] = out[index_of(out_layout, s.H, s.Lq, s.d, b, h, i, c)];
+                        canonical[((b * s.H + h) * s.Lq + i) * s.d + c] = out[index_of(out_layout, s.B, s.H, s.Lq, s.d, b, h, i, c)];
         return canonical;
     }
 
@@ -150,7 +156,7 @@ const char* impl_name(mha::Impl i) {
 
 // The problem's scalar result (checked against the double value), then every ISA × impl × output layout
 // of the SIMD backend against it.
-void check_all_paths(const Problem& p, const std::vector<Layout>& out_layouts = {Layout::bhld, Layout::blhd}) {
+void check_all_paths(const Problem& p, const std::vector<Layout>& out_layouts = {Layout::bhld, Layout::blhd, Layout::lbhd}) {
     const CoreExpected ex = p.expected();
     const std::vector<float> scalar = p.run(mha::Backend::scalar, mha::Impl::automatic);
     expect_scalar_exact_within(scalar, ex);
@@ -170,14 +176,14 @@ void check_all_paths(const Problem& p, const std::vector<Layout>& out_layouts = 
 // ---------------------------------------------------------------------------------------------------
 // Numerics
 
-TEST(SdpaApi, SimdMatchesScalarBothLayouts) {
+TEST(SdpaApi, SimdMatchesScalarEveryLayout) {
     // GQA G = 4 over three key tiles; MHA with a long-ish tail; MQA with a one-row decode step; odd d.
     // Also: d = 1 and d = 3 with one key; G = 160 > 128 stacked rows (one query row per grouped task).
     const Shape shapes[] = {{2, 8, 2, 37, 300, 64}, {1, 4, 4, 65, 257, 80}, {2, 6, 1, 1, 63, 32}, {1, 2, 1, 7, 7, 128},
                             {2, 4, 2, 130, 65, 24},  {1, 2, 1, 3, 1, 1},     {2, 6, 3, 5, 1, 3},  {1, 160, 1, 3, 20, 8}};
     std::uint32_t seed = 100;
     for (const Shape& s : shapes)
-        for (Layout l : {Layout::bhld, Layout::blhd}) {
+        for (Layout l : {Layout::bhld, Layout::blhd, Layout::lbhd}) {
             const Problem p(s, l, seed += 10);
             TRACE_SHAPE(p);
             check_all_paths(p);
