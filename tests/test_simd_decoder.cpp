@@ -234,9 +234,14 @@ LayerExpected layer_double(const Layer& L, std::size_t k_shift = 0) {
     HeadsD k = project(L.key_data(), B, Lk, L.kdim, L.wk, L.bk, c.Hkv, d);
     HeadsD v = project(L.value_data(), B, Lk, L.vdim, L.wv, L.bv, c.Hkv, d);
     if (c.rope) {
+        // Key row j at start_b + j; query row i at start_b + i, or at start_b + Lk − Lq + i with bottom-right
+        // alignment (the queries are the last Lq tokens; causal or not). start_b >= Lq − Lk in every case.
         std::vector<std::size_t> start(B, c.position_offset);
         if (!c.positions.empty()) start = c.positions;
-        rope(q, *c.rope, start);
+        std::vector<std::size_t> query_start = start;
+        if (c.alignment == mha::CausalAlignment::bottom_right)
+            for (std::size_t& x : query_start) x = x + Lk - Lq;  // unsigned wrap-around cancels: x >= Lq − Lk
+        rope(q, *c.rope, query_start);
         for (std::size_t& x : start) x += k_shift;
         rope(k, *c.rope, start);
     }
@@ -318,7 +323,8 @@ constexpr std::size_t kFar = (std::size_t{1} << 20) - 5;  // 2^20 − 5
 //   kdim / vdim ≠ E: 48 / 72, 200 / 33 (cross)       weights packed (with H·d ≠ E) and separate
 //   biases: in_proj_bias, none, q only, k and v only, no k, no out
 //   causal: top-left Lq < Lk and Lq > Lk; bottom-right Lq < Lk, Lq = Lk and Lq > Lk (rows with no key)
-//   RoPE: half / interleaved, dims < d, offsets 0, 1000, 2^20 − 5, positions[B]
+//   RoPE: half / interleaved, dims < d, offsets 0, 1000, 2^20 − 5, positions[B]; queries at start + Lk − Lq + i
+//         with bottom-right alignment, with and without causal
 //   masks: key_padding bool / float, attn_mask 2-D / 3-D bool / additive
 const LayerCase kCases[] = {
     {.name = "G=1 self packed in_proj_bias, RoPE half at 0, causal top-left, padding bool", .E = 256, .H = 8, .Hkv = 8,
@@ -341,14 +347,17 @@ const LayerCase kCases[] = {
     {.name = "G=2 self E=96 H=4 d=32 packed no biases, RoPE half at 1000, top-left, 2-D bool, Lk=7", .E = 96, .H = 4,
      .Hkv = 2, .d = 32, .B = 2, .Lq = 7, .self = true, .packed = true, .bias = Bias::packed, .bq = false, .bo = false,
      .rope = rope(mha::RopeStyle::half), .position_offset = 1000, .causal = true, .attn_mask = 1},
-    {.name = "G=2 cross E=200 d=80 vdim 33, RoPE half, positions[B], bottom-right Lq=300>Lk=65 (blind rows)", .E = 200,
+    {.name = "G=2 cross E=200 d=80 vdim 33, RoPE half, positions[B] (235 = Lq − Lk: query 0 at 0), bottom-right Lq=300>Lk=65 (blind rows)", .E = 200,
      .H = 4, .Hkv = 2, .d = 80, .vdim = 33, .B = 2, .Lq = 300, .Lk = 65, .rope = rope(mha::RopeStyle::half),
-     .positions = {kFar, 17}, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .key_padding = 1},
+     .positions = {kFar, 235}, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .key_padding = 1},
     {.name = "G=4 decode step Lq=1 Lk=300, RoPE interleaved dims 16 at 2^20-5, bottom-right, padding float", .E = 64,
      .H = 8, .Hkv = 2, .d = 32, .B = 2, .Lq = 1, .Lk = 300, .rope = rope(mha::RopeStyle::interleaved, 16),
      .position_offset = kFar, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .key_padding = 2},
     {.name = "G=4 cross no causal, no RoPE, 3-D bool + padding bool, Lk=63", .E = 64, .H = 8, .Hkv = 2, .d = 64, .B = 2,
      .Lq = 33, .Lk = 63, .key_padding = 1, .attn_mask = 3},
+    {.name = "G=2 cross, bottom-right alignment without causal: RoPE query positions shifted by Lk - Lq only", .E = 64,
+     .H = 8, .Hkv = 4, .d = 32, .B = 2, .Lq = 5, .Lk = 40, .rope = rope(mha::RopeStyle::half), .position_offset = 1000,
+     .alignment = mha::CausalAlignment::bottom_right},
 };
 
 TEST(SimdDecoder, GroupedLayerMatchesScalar) {
@@ -579,7 +588,8 @@ namespace {
 // The tolerance is not vacuous: for each kind of mistake this sweep is meant to catch, the SIMD output of
 // the right configuration is compared (with check_layer's |simd − scalar| tolerance) against the double
 // evaluation of a wrong one, and must be refused. (Shifting every position by one is no mistake: RoPE
-// scores depend on i − j only, so offsets and positions[B] show only in the rounding of large angles.)
+// scores depend on the query's position minus the key's only, so offsets and positions[B] show only in the
+// rounding of large angles.)
 TEST(SimdDecoder, ToleranceCatchesWrongConfigurations) {
     const LayerCase base{.name = "base", .E = 200, .H = 8, .Hkv = 2, .d = 80, .B = 2, .Lq = 16, .Lk = 257,
                          .rope = rope(mha::RopeStyle::half, 40), .position_offset = kFar, .causal = true,
@@ -593,6 +603,8 @@ TEST(SimdDecoder, ToleranceCatchesWrongConfigurations) {
         EXPECT_FALSE(mha_test::all_within(simd.output, layer_double(wrong, k_shift).out, tol)) << what << " went unnoticed";
     };
     expect_caught("K rotated one position past Q", L, 1);
+    // Bottom-right: queries at start + Lk − Lq + i. Rotating them at start + i instead is K Lk − Lq past Q.
+    expect_caught("query positions not following the bottom-right alignment", L, base.Lk - base.Lq);
     {
         Layer w = L;
         w.c.rope->style = mha::RopeStyle::interleaved;
