@@ -7,7 +7,8 @@
 //     [G·rows, d] block and run against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM
 //     panels once per call (reads each K and V row once per group), key tiles with the online softmax;
 //   materialized: per (batch, query head, 64 query rows) the scores [rows, Lk] and a plain softmax; the
-//     only path that can return the probabilities (need_weights). It reads K and V once per query head.
+//     only path that can return the probabilities (need_weights). It reads K and V once per (query head,
+//     64-row query block).
 // Preconditions: arguments validated by the public entry point; scratch laid out by core_layout.
 #pragma once
 #include <atomic>
