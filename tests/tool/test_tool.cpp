@@ -711,23 +711,7 @@ TEST_F(ToolTest, PyTorchFixtures) {
                 std::snprintf(eps, sizeof eps, "%.9g", args["norm_eps"].get<double>());
                 argv.insert(argv.end(), {"--norm-eps", eps});
             }
-            // Decoder-style fixtures, should args.json name them: the matching `mha run` flags.
-            const std::pair<const char*, const char*> integer_flags[] = {
-                {"kv_heads", "--kv-heads"}, {"head_dim", "--head-dim"}, {"rope_dims", "--rope-dims"}, {"position_offset", "--position-offset"}};
-            for (const auto& [key, flag] : integer_flags)
-                if (args.contains(key) && args[key].is_number_integer())
-                    argv.insert(argv.end(), {flag, std::to_string(args[key].get<long long>())});
-            if (args.contains("rope_theta") && args["rope_theta"].is_number()) {
-                char theta[64];
-                std::snprintf(theta, sizeof theta, "%.9g", args["rope_theta"].get<double>());
-                argv.insert(argv.end(), {"--rope-theta", theta});
-                if (args.contains("rope_style") && args["rope_style"].is_string())
-                    argv.insert(argv.end(), {"--rope-style", args["rope_style"].get<std::string>()});
-            }
-            if (args.value("causal_alignment", "") == "bottom_right") {
-                argv.erase(std::remove(argv.begin(), argv.end(), "--causal"), argv.end());
-                argv.push_back("--causal-bottom-right");
-            }
+            // The decoder fixtures (tests/data/decoder) run in test_tool_decoder_fixtures.cpp.
             const Result r = mha(argv);
             ASSERT_EQ(r.exit_code, 0) << r.err;
             const auto compare = [](const fs::path& got_path, const fs::path& want_path) {
