@@ -92,8 +92,9 @@ std::size_t Carver::take(std::size_t floats) {
     return at;
 }
 
-CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept {
+CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept {
     if (need_weights != NeedWeights::none || impl == Impl::materialized) return CorePath::materialized;
+    if (Lq <= kDecodeMaxQueries && H / Hkv * Lq <= kGroupRows) return CorePath::decode;
     if (impl == Impl::fused || H != Hkv || Lk >= kFusedMinKeys) return CorePath::grouped;
     return CorePath::materialized;
 }
@@ -102,7 +103,23 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     CoreLayout l;
     l.value_flags = call.take(scratch_mul(s.B, s.Hkv) / sizeof(float) + 1);
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;
-    if (path == CorePath::grouped) {
+    if (path == CorePath::decode) {
+        const std::size_t m = s.H / s.Hkv * s.Lq;
+        l.splits = (s.Lk + kDecodeSplit - 1) / kDecodeSplit;
+        l.partials = call.take(scratch_mul(scratch_mul(scratch_mul(s.B, s.Hkv), l.splits), scratch_mul(m, s.d + 2)));
+        q_stack = scratch_mul(m, s.d);
+        scores = scratch_mul(m, kKeyTile);
+        accumulator = scratch_mul(m, s.d);
+        row_stats = scratch_mul(2, m);
+        for (Isa isa : kIsas) {
+            if (isa > detected_isa()) continue;
+            // S = Q·K_tileᵀ: [m, tile] over d; then P·V_tile: [m, d] over the tile's keys.
+            const simd::GemmScratchSize qk = simd::gemm_scratch_bound(isa, m, kKeyTile, s.d, Trans::no, Trans::yes);
+            const simd::GemmScratchSize pv = simd::gemm_scratch_bound(isa, m, s.d, kKeyTile, Trans::no, Trans::no);
+            l.gemm.a_floats = std::max({l.gemm.a_floats, qk.a_floats, pv.a_floats});
+            l.gemm.b_floats = std::max({l.gemm.b_floats, qk.b_floats, pv.b_floats});
+        }
+    } else if (path == CorePath::grouped) {
         std::size_t key_floats = 0, value_floats = 0;
         for (Isa isa : kIsas) {
             if (isa > detected_isa()) continue;
@@ -168,6 +185,7 @@ AttentionCore::AttentionCore(const CoreProblem& problem, CorePath path, const Co
     attn_mask_rank_ = p_.attn_mask.rank;
     if (p_.causal || key_padding_.present() || attn_mask_.present())
         value_flags_ = reinterpret_cast<std::uint8_t*>(base + layout.value_flags);
+    if (path == CorePath::decode) partials_ = base + layout.partials;
     if (path == CorePath::grouped) {
         panel_isa_ = active_isa();
         key_panel_stride_ = simd::PanelMatrix::min_panel_stride(panel_isa_, d_);
@@ -186,14 +204,17 @@ simd::PanelMatrix AttentionCore::value_panels(std::size_t b, std::size_t kvh) co
     return {value_panels_ + (b * Hkv_ + kvh) * value_head_floats_, Lk_, d_, value_panel_stride_, panel_isa_};
 }
 
-std::size_t AttentionCore::visible_keys(std::size_t i) const noexcept {
-    if (!p_.causal) return Lk_;
-    const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(i) + 1 + p_.causal_shift;
-    return n <= 0 ? 0 : std::min(Lk_, static_cast<std::size_t>(n));
+std::size_t AttentionCore::visible_keys(std::size_t b, std::size_t i) const noexcept {
+    const std::size_t keys = keys_of(b);
+    if (!p_.causal) return keys;
+    const std::ptrdiff_t shift = p_.key_lengths != nullptr ? static_cast<std::ptrdiff_t>(keys) - static_cast<std::ptrdiff_t>(Lq_)
+                                                           : p_.causal_shift;
+    const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(i) + 1 + shift;
+    return n <= 0 ? 0 : std::min(keys, static_cast<std::size_t>(n));
 }
 
 bool AttentionCore::key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept {
-    return j >= visible_keys(i) || key_padding_row(b).masked(j) || attn_mask_row(b, h, i).masked(j);
+    return j >= visible_keys(b, i) || key_padding_row(b).masked(j) || attn_mask_row(b, h, i).masked(j);
 }
 
 void AttentionCore::accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
@@ -213,7 +234,7 @@ void AttentionCore::check_values() const {
         for (std::size_t bh = r.begin(); bh != r.end(); ++bh) {
             const ConstMatrix v = p_.v.head(bh / Hkv_, bh % Hkv_);
             bool bad = false;
-            for (std::size_t j = 0; j < Lk_ && !bad; ++j) bad = any_nonfinite(v.row(j), d_);
+            for (std::size_t j = 0; j < keys_of(bh / Hkv_) && !bad; ++j) bad = any_nonfinite(v.row(j), d_);
             value_flags_[bh] = bad ? 1 : 0;
         }
     });
@@ -225,7 +246,9 @@ void AttentionCore::pack_keys_values() const {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv_ * nj), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t bh = t / nj, b = bh / Hkv_, kvh = bh % Hkv_;
-            const std::size_t j0 = (t % nj) * kPackBlock, n = std::min(kPackBlock, Lk_ - j0);
+            const std::size_t j0 = (t % nj) * kPackBlock;
+            if (j0 >= keys_of(b)) continue;  // rows past a sequence's keys are never read
+            const std::size_t n = std::min(kPackBlock, keys_of(b) - j0);
             const ConstMatrix k = p_.k.head(b, kvh).row_block(j0, n), v = p_.v.head(b, kvh).row_block(j0, n);
             // Keys j0.. are columns of K_hᵀ (panels j0 / NR..) and rows of V_h (j0 rows into every panel).
             simd::pack_panels(panel_isa_, k, Trans::yes, key_panels_ + bh * key_head_floats_ + j0 / nr * key_panel_stride_,
@@ -241,15 +264,106 @@ void AttentionCore::pack_keys_values() const {
     });
 }
 
+void AttentionCore::stack_queries(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows, Matrix q) const noexcept {
+    for (std::size_t t = 0; t < G_; ++t) {
+        const ConstMatrix qh = p_.q.head(b, kvh * G_ + t);
+        for (std::size_t r = 0; r < rows; ++r) std::copy(qh.row(i0 + r), qh.row(i0 + r) + d_, q.row(t * rows + r));
+    }
+}
+
+void AttentionCore::decode_task(std::size_t b, std::size_t kvh, std::size_t split) const {
+    const std::size_t d = d_, m = G_ * Lq_;
+    const Slot s = slot();
+    const Matrix q(s.q_stack, m, d, d);
+    const Matrix o(s.accumulator, m, d, d);
+    float* row_max = s.row_stats;
+    float* row_sum = row_max + m;
+    std::fill(row_max, row_max + m, kMinusInf);
+    std::fill(row_sum, row_sum + m, 0.0f);
+    for (std::size_t r = 0; r < m; ++r) std::fill(o.row(r), o.row(r) + d, 0.0f);
+
+    const std::size_t key_end = visible_keys(b, Lq_ - 1);
+    const std::size_t j_begin = split * kDecodeSplit, j_end = std::min(key_end, j_begin + kDecodeSplit);
+    if (j_begin < j_end) {
+        stack_queries(b, kvh, 0, Lq_, q);
+        const ConstMatrix k = p_.k.head(b, kvh), v = p_.v.head(b, kvh);
+        const simd::MaskRow padding = key_padding_row(b);
+        const bool other_masks = padding.present() || attn_mask_.present();
+        for (std::size_t j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
+            const std::size_t kt = std::min(kKeyTile, j_end - j0);
+            if (padding.present() && all_masked(padding.from(j0), kt)) continue;
+            const Matrix st(s.scores, m, kt, kKeyTile);
+            simd::gemm(p_.scale, ConstMatrix(q), Trans::no, k.row_block(j0, kt), Trans::yes, 0.0f, st, s.gemm);
+            for (std::size_t row = 0; row < m; ++row) {
+                const std::size_t t = row / Lq_, i = row % Lq_;
+                const std::size_t vis = visible_keys(b, i), valid = vis > j0 ? std::min(kt, vis - j0) : 0;
+                const float old_max = row_max[row];
+                const float tile_sum = simd::softmax_tile_online(st.row(row), kt, valid, 1.0f, padding.from(j0),
+                                                                 attn_mask_row(b, kvh * G_ + t, i).from(j0), row_max[row]);
+                if (row_max[row] != old_max) {
+                    const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[row]);
+                    row_sum[row] *= alpha;
+                    float* orow = o.row(row);
+                    for (std::size_t c = 0; c < d; ++c) orow[c] *= alpha;
+                }
+                row_sum[row] += tile_sum;
+            }
+            // A key of this tile is masked for some row (the causal edge of the first query, or a mask): a NaN or
+            // ±inf value row must then not reach the output through 0·v. The check reads the tile the GEMM reads next.
+            const bool masked_here = other_masks || (p_.causal && j0 + kt > visible_keys(b, 0));
+            bool careful = false;
+            for (std::size_t j = 0; masked_here && j < kt && !careful; ++j) careful = any_nonfinite(v.row(j0 + j), d);
+            if (careful) {
+                for (std::size_t t = 0; t < G_; ++t)
+                    accumulate_unmasked(b, kvh * G_ + t, 0, j0, ConstMatrix(st.row_block(t * Lq_, Lq_)), o.row_block(t * Lq_, Lq_));
+            } else {
+                simd::gemm(1.0f, ConstMatrix(st), Trans::no, v.row_block(j0, kt), Trans::no, 1.0f, o, s.gemm);
+            }
+            g_kv_rows_read.fetch_add(2 * kt, std::memory_order_relaxed);
+        }
+    }
+    // The split's partial result: row maxima, sums and unnormalized outputs.
+    float* part = partials_ + ((b * Hkv_ + kvh) * layout_.splits + split) * m * (d + 2);
+    std::copy(row_max, row_max + m, part);
+    std::copy(row_sum, row_sum + m, part + m);
+    for (std::size_t r = 0; r < m; ++r) std::copy(o.row(r), o.row(r) + d, part + 2 * m + r * d);
+}
+
+void AttentionCore::decode_merge(std::size_t b, std::size_t kvh) const {
+    const std::size_t d = d_, m = G_ * Lq_, splits = layout_.splits;
+    const float* parts = partials_ + (b * Hkv_ + kvh) * splits * m * (d + 2);
+    for (std::size_t row = 0; row < m; ++row) {
+        float best = kMinusInf;
+        for (std::size_t sp = 0; sp < splits; ++sp) {
+            const float mx = parts[sp * m * (d + 2) + row];
+            best = (std::isnan(mx) || mx > best) ? mx : best;
+            if (std::isnan(best)) break;
+        }
+        float* dst = p_.out.head(b, kvh * G_ + row / Lq_).row(row % Lq_);
+        std::fill(dst, dst + d, 0.0f);
+        float sum = 0.0f;
+        for (std::size_t sp = 0; sp < splits; ++sp) {  // fixed order: the same bits for any thread count
+            const float* part = parts + sp * m * (d + 2);
+            if (part[row] == kMinusInf) {  // no visible key in this split (a NaN sum still makes the row NaN)
+                if (std::isnan(part[m + row])) sum = part[m + row];
+                continue;
+            }
+            const float scale = std::isnan(best) ? best : std::exp(part[row] - best);
+            sum += part[m + row] * scale;
+            const float* po = part + 2 * m + row * d;
+            for (std::size_t c = 0; c < d; ++c) dst[c] += po[c] * scale;
+        }
+        // sum = 0: every key masked, the row is 0. A NaN sum (NaN scores) stays NaN.
+        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+        for (std::size_t c = 0; c < d; ++c) dst[c] *= inv;
+    }
+}
+
 void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows) const {
     const std::size_t d = d_, tile = kKeyTile, m = G_ * rows;
     const Slot s = slot();
-    // Stack the group's query rows: row t·rows + r is query i0 + r of head kvh·G + t.
     const Matrix q(s.q_stack, m, d, d);
-    for (std::size_t t = 0; t < G_; ++t) {
-        const ConstMatrix qh = p_.q.head(b, kvh * G_ + t);
-        for (std::size_t r = 0; r < rows; ++r) std::copy(qh.row(i0 + r), qh.row(i0 + r) + d, q.row(t * rows + r));
-    }
+    stack_queries(b, kvh, i0, rows, q);
     const Matrix sc(s.scores, m, tile, tile);
     const Matrix o(s.accumulator, m, d, d);
     float* row_max = s.row_stats;
@@ -261,7 +375,7 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
     const simd::PanelMatrix k_t = key_panels(b, kvh), v = value_panels(b, kvh);
     const simd::MaskRow padding = key_padding_row(b);
     const bool careful = value_nonfinite(b, kvh);  // a value is NaN or ±inf: masked keys must be skipped
-    const std::size_t key_end = visible_keys(i0 + rows - 1);
+    const std::size_t key_end = visible_keys(b, i0 + rows - 1);
 
     for (std::size_t j0 = 0; j0 < key_end; j0 += tile) {
         const std::size_t kt = std::min(tile, key_end - j0);
@@ -270,7 +384,7 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
         simd::gemm_panels(p_.scale, ConstMatrix(q), Trans::no, k_t.columns(j0, kt), 0.0f, st);
         for (std::size_t row = 0; row < m; ++row) {
             const std::size_t t = row / rows, i = i0 + row % rows;
-            const std::size_t vis = visible_keys(i), valid = vis > j0 ? std::min(kt, vis - j0) : 0;
+            const std::size_t vis = visible_keys(b, i), valid = vis > j0 ? std::min(kt, vis - j0) : 0;
             const simd::MaskRow am = attn_mask_row(b, kvh * G_ + t, i);
             const float old_max = row_max[row];
             const float tile_sum =
@@ -305,7 +419,7 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
 void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, std::size_t rows, Matrix scores,
                                  const simd::GemmScratch& gemm) const {
     // Causal: keys past the block's last visible key are masked for every row of the block; skip them.
-    const std::size_t keys = visible_keys(i0 + rows - 1);
+    const std::size_t keys = visible_keys(b, i0 + rows - 1);
     const std::size_t cols = p_.need_weights == NeedWeights::none ? keys : Lk_;
     const Matrix s(scores.data, rows, cols, scores.stride);
     const Matrix c = p_.out.head(b, h).row_block(i0, rows);
@@ -321,7 +435,7 @@ void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, s
     simd::gemm(p_.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys), gemm);
     for (std::size_t r = 0; r < rows; ++r) {
         const std::size_t i = i0 + r;
-        simd::softmax_row(s.row(r), cols, visible_keys(i), 1.0f, key_padding_row(b), attn_mask_row(b, h, i));
+        simd::softmax_row(s.row(r), cols, visible_keys(b, i), 1.0f, key_padding_row(b), attn_mask_row(b, h, i));
     }
     g_kv_rows_read.fetch_add(2 * keys, std::memory_order_relaxed);
     if (value_nonfinite(b, h / G_)) {  // a masked key must not contribute 0·NaN
@@ -335,6 +449,16 @@ void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, s
 
 void AttentionCore::run() const {
     const std::size_t B = B_, H = H_, Lq = Lq_, Lk = Lk_;
+    if (path_ == CorePath::decode) {
+        const std::size_t splits = layout_.splits;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * Hkv_ * splits), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t t = r.begin(); t != r.end(); ++t) decode_task(t / splits / Hkv_, t / splits % Hkv_, t % splits);
+        });
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B * Hkv_), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t t = r.begin(); t != r.end(); ++t) decode_merge(t / Hkv_, t % Hkv_);
+        });
+        return;
+    }
     if (path_ == CorePath::grouped) {
         pack_keys_values();
         const std::size_t qr = group_query_rows(G_, Lq), nqb = (Lq + qr - 1) / qr;

@@ -6,6 +6,10 @@
 //   grouped (fused): per (batch, KV head, query block) the G query heads' rows are stacked into one
 //     [G·rows, d] block and run against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM
 //     panels once per call (reads each K and V row once per group), key tiles with the online softmax;
+//   decode (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of the keys) the G·Lq stacked
+//     rows against the split's keys read in place (tile by tile, each K/V tile packed into L2 by the GEMM:
+//     every cached row read once per group, no per-call copy of the cache), online softmax; the splits'
+//     (max, sum, output) are merged exactly by rescaling (flash-decoding). Splits depend on the shape only;
 //   materialized: per (batch, query head, 64 query rows) the scores [rows, Lk] and a plain softmax; the
 //     only path that can return the probabilities (need_weights). It reads K and V once per (query head,
 //     64-row query block).
@@ -32,8 +36,12 @@ inline constexpr std::size_t kKeyTile = 256;
 // automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
 inline constexpr std::size_t kFusedMinKeys = 1024;
 
-enum class CorePath { materialized, grouped };
-CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;
+// The decode path's limits and split: a split of 512 keys keeps B = 1, Hkv = 8 at 4096 keys in 64 tasks.
+inline constexpr std::size_t kDecodeMaxQueries = 16;
+inline constexpr std::size_t kDecodeSplit = 512;
+
+enum class CorePath { materialized, grouped, decode };
+CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;
 
 // Carves 64-byte aligned regions (16 floats) out of a running total, overflow-checked
 // (mha::invalid_argument if the scratch would not fit in the address space).
@@ -52,6 +60,7 @@ struct CoreShape {
 // (the caller multiplies the slot by the thread count). Sizes cover every ISA this CPU has.
 struct CoreLayout {
     std::size_t key_panels = 0, value_panels = 0, value_flags = 0;         // per call
+    std::size_t partials = 0, splits = 0;                                  // decode: per call, and splits per head
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;  // per thread
     std::size_t gemm_a = 0, gemm_b = 0;
     simd::GemmScratchSize gemm{};
@@ -67,6 +76,9 @@ struct CoreProblem {
     bool causal = false;
     std::ptrdiff_t causal_shift = 0;
     MaskView key_padding_mask, attn_mask;
+    // [B] or nullptr: batch b has key_lengths[b] <= Lk keys (rows past it are never read), and causal is then
+    // bottom-right per sequence (query i sees keys j <= i + key_lengths[b] − Lq): a KV cache's ragged batch.
+    const std::size_t* key_lengths = nullptr;
     NeedWeights need_weights = NeedWeights::none;
     float* attn_weights = nullptr;  // averaged [B, Lq, Lk] or per_head [B, H, Lq, Lk]
 };
@@ -88,10 +100,16 @@ private:
     void pack_keys_values() const;  // grouped: panels and value flags
     void check_values() const;      // materialized: value flags
     void grouped_task(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows) const;
+    void decode_task(std::size_t b, std::size_t kvh, std::size_t split) const;
+    void decode_merge(std::size_t b, std::size_t kvh) const;
+    // Copies the G heads' query rows [i0, i0 + rows) of KV head kvh into q (row t·rows + r).
+    void stack_queries(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows, Matrix q) const noexcept;
     void attend_block(std::size_t b, std::size_t h, std::size_t i0, std::size_t rows, Matrix scores,
                       const simd::GemmScratch& gemm) const;
-    // Keys visible to query i by the causal rule (all Lk without it).
-    std::size_t visible_keys(std::size_t i) const noexcept;
+    // Keys of batch b (key_lengths[b], or Lk).
+    std::size_t keys_of(std::size_t b) const noexcept { return p_.key_lengths != nullptr ? p_.key_lengths[b] : Lk_; }
+    // Keys visible to query i of batch b by the causal rule (all of batch b's keys without it).
+    std::size_t visible_keys(std::size_t b, std::size_t i) const noexcept;
     simd::MaskRow key_padding_row(std::size_t b) const noexcept { return key_padding_.from(b * Lk_); }
     simd::MaskRow attn_mask_row(std::size_t b, std::size_t h, std::size_t i) const noexcept {
         if (!attn_mask_.present()) return {};
@@ -116,6 +134,7 @@ private:
     std::uint8_t* value_flags_ = nullptr;  // [B·Hkv] when masks are present
     float* key_panels_ = nullptr;
     float* value_panels_ = nullptr;
+    float* partials_ = nullptr;  // decode: per (b, kvh, split) M row maxima, M sums, M×d outputs
     std::size_t key_panel_stride_ = 0, value_panel_stride_ = 0, key_head_floats_ = 0, value_head_floats_ = 0;
     Isa panel_isa_ = Isa::sse2;
     CoreLayout layout_;

@@ -44,7 +44,7 @@ std::size_t arena_threads(int threads) {
 }
 
 CorePath layer_core_path(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) noexcept {
-    return core_path(st.H, st.Hkv, in.key.rows, opt.need_weights, opt.impl);
+    return core_path(st.H, st.Hkv, in.query.rows, in.key.rows, opt.need_weights, opt.impl);
 }
 
 ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {

@@ -69,7 +69,7 @@ SdpaLayout sdpa_layout(const SdpaInputs& in, const SdpaOptions& opt) {
     SdpaLayout l;
     detail::Carver call, slot;
     const detail::CoreShape shape{in.query.batch, in.query.heads, in.key.heads, in.query.dim, in.query.rows, in.key.rows};
-    l.path = detail::core_path(shape.H, shape.Hkv, shape.Lk, NeedWeights::none, opt.impl);
+    l.path = detail::core_path(shape.H, shape.Hkv, shape.Lq, shape.Lk, NeedWeights::none, opt.impl);
     l.core = detail::core_layout(shape, l.path, NeedWeights::none, call, slot);
     l.slot_floats = slot.total;
     l.threads = detail::arena_threads(opt.threads);

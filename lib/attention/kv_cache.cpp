@@ -1,0 +1,119 @@
+// KVCache: storage (one aligned block: keys, then values), lengths, and the sequence operations.
+#include "mha/kv_cache.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "../core/scratch.hpp"
+#include "../core/validate.hpp"
+
+namespace mha {
+
+using detail::fail;
+
+KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity) {
+    if (batch == 0 || kv_heads == 0 || head_dim == 0 || capacity == 0)
+        fail("KVCache dimensions must be non-zero: batch " + std::to_string(batch) + ", kv_heads " + std::to_string(kv_heads) +
+             ", head_dim " + std::to_string(head_dim) + ", capacity " + std::to_string(capacity));
+    std::size_t n = detail::checked_madd(batch, kv_heads, 0, "KVCache", "size");
+    n = detail::checked_madd(n, capacity, 0, "KVCache", "size");
+    n = detail::checked_madd(n, head_dim, 0, "KVCache", "size");
+    detail::checked_extent("KVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "KVCache", "size"));
+    auto* block = static_cast<float*>(detail::allocate_aligned(2 * n * sizeof(float)));
+    batch_ = batch, kv_heads_ = kv_heads, head_dim_ = head_dim, capacity_ = capacity;
+    keys_ = block;
+    values_ = block + n;  // n·4 bytes: a multiple of 64 when d is a multiple of 16; alignment is not required
+    try {
+        lengths_.assign(batch, 0);
+    } catch (...) {
+        detail::free_aligned(block, 2 * n * sizeof(float));
+        throw;
+    }
+}
+
+KVCache::~KVCache() {
+    if (keys_ != nullptr) detail::free_aligned(keys_, bytes());
+}
+
+KVCache::KVCache(KVCache&& o) noexcept
+    : batch_(o.batch_), kv_heads_(o.kv_heads_), head_dim_(o.head_dim_), capacity_(o.capacity_), keys_(o.keys_),
+      values_(o.values_), lengths_(std::move(o.lengths_)) {
+    o.batch_ = o.kv_heads_ = o.head_dim_ = o.capacity_ = 0;
+    o.keys_ = o.values_ = nullptr;
+    o.lengths_.clear();
+}
+
+KVCache& KVCache::operator=(KVCache&& o) noexcept {
+    if (this != &o) {
+        KVCache tmp(std::move(o));
+        std::swap(batch_, tmp.batch_);
+        std::swap(kv_heads_, tmp.kv_heads_);
+        std::swap(head_dim_, tmp.head_dim_);
+        std::swap(capacity_, tmp.capacity_);
+        std::swap(keys_, tmp.keys_);
+        std::swap(values_, tmp.values_);
+        std::swap(lengths_, tmp.lengths_);
+    }
+    return *this;
+}
+
+void KVCache::check_sequence(std::size_t b) const {
+    if (b >= batch_) fail("sequence " + std::to_string(b) + " is out of range: the cache holds " + std::to_string(batch_));
+}
+
+std::size_t KVCache::length(std::size_t b) const {
+    check_sequence(b);
+    return lengths_[b];
+}
+
+void KVCache::reset(std::size_t b) {
+    check_sequence(b);
+    lengths_[b] = 0;
+}
+
+void KVCache::truncate(std::size_t b, std::size_t n) {
+    check_sequence(b);
+    if (n > lengths_[b])
+        fail("cannot truncate sequence " + std::to_string(b) + " to " + std::to_string(n) + " tokens: it holds " +
+             std::to_string(lengths_[b]));
+    lengths_[b] = n;
+}
+
+ConstMatrix KVCache::keys(std::size_t b, std::size_t h) const {
+    check_sequence(b);
+    if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
+    return {keys_ + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+}
+
+ConstMatrix KVCache::values(std::size_t b, std::size_t h) const {
+    check_sequence(b);
+    if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
+    return {values_ + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+}
+
+void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
+    check_sequence(b);
+    for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {
+        if (x->data == nullptr && x->rows != 0) fail(std::string(name) + " is a null pointer");
+        if (x->batch != 1 || x->heads != kv_heads_ || x->dim != head_dim_)
+            fail(std::string(name) + " is [" + std::to_string(x->batch) + ", " + std::to_string(x->heads) + ", " +
+                 std::to_string(x->rows) + ", " + std::to_string(x->dim) + "] but must be [1, Hkv, n, d] with Hkv = " +
+                 std::to_string(kv_heads_) + " and d = " + std::to_string(head_dim_));
+    }
+    if (v.rows != k.rows) fail("v has " + std::to_string(v.rows) + " tokens but k has " + std::to_string(k.rows));
+    const std::size_t n = k.rows;
+    if (n > capacity_ - lengths_[b])
+        fail("sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) + " tokens; " + std::to_string(n) +
+             " more exceed the capacity " + std::to_string(capacity_));
+    for (std::size_t h = 0; h < kv_heads_; ++h)
+        for (std::size_t i = 0; i < n; ++i) {
+            float* kd = keys_ + (b * kv_heads_ + h) * head_stride() + (lengths_[b] + i) * head_dim_;
+            float* vd = values_ + (b * kv_heads_ + h) * head_stride() + (lengths_[b] + i) * head_dim_;
+            std::copy(k.head(0, h).row(i), k.head(0, h).row(i) + head_dim_, kd);
+            std::copy(v.head(0, h).row(i), v.head(0, h).row(i) + head_dim_, vd);
+        }
+    lengths_[b] += n;
+}
+
+}  // namespace mha
