@@ -32,6 +32,8 @@
 
 namespace mha {
 
+class KVCache;  // mha/kv_cache.hpp
+
 // Weights in PyTorch's layout, all row-major and contiguous. They are packed (one copy) when the
 // attention object is built; the caller's memory may be freed afterwards.
 // The input projections come either packed (in_proj_weight, kdim == vdim == E) or separate
@@ -172,6 +174,20 @@ public:
     // mha::invalid_argument): the SIMD backend then allocates nothing. One call at a time per workspace.
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options,
                  Workspace& workspace) const;
+    // Incremental decoding with a KV cache (mha/kv_cache.hpp; its batch, kv_heads and head_dim must be this
+    // layer's): in.query [B, Lq, E] holds the next Lq tokens of each of the cache's B sequences (in.key and
+    // in.value must be absent). They are projected, rotated at positions cache.length(b) + i, appended to
+    // the cache, and attend over cache.length(b) + Lq keys with causal bottom-right alignment: options.causal
+    // and causal_alignment do not apply, and options must not set position_offset, positions, masks or
+    // need_weights (mha::invalid_argument). Past the capacity: mha::invalid_argument naming the sequence, its
+    // length and the capacity, nothing written (cache included). Lengths advance only when the call succeeds.
+    // Chunking is invisible up to float rounding: a prompt fed in one call, in chunks, or token by token gives
+    // the same outputs within the bound of tests/test_kv_cache.cpp (not bitwise: the projection and
+    // attention paths block the work differently for different Lq).
+    void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache) const;
+    void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache,
+                 Workspace& workspace) const;
+    std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options, const KVCache& cache) const;
     // Bytes of workspace a forward with these inputs' shapes (only their sizes and whether key/value are the
     // query are read) and options needs; 0 for the scalar backend. With options.threads == 0 it depends on
     // the arena the caller is in (all cores outside any): ask from where forward will run.
@@ -183,7 +199,8 @@ public:
     struct State;  // weights (and packed weights); defined in lib/attention
 
 private:
-    void run(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, Workspace* workspace) const;
+    void run(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, Workspace* workspace,
+             KVCache* cache = nullptr) const;
     std::unique_ptr<State> state_;
 };
 

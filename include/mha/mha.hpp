@@ -4,6 +4,7 @@
 #include "mha/error.hpp"
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
+#include "mha/kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"

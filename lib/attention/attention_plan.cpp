@@ -25,9 +25,21 @@ bool same_view(const ConstBatch& a, const ConstBatch& b) {
            a.row_stride == b.row_stride && a.batch_stride == b.batch_stride;
 }
 
-CoreShape core_shape(const MultiheadAttention::State& st, const AttentionInputs& in) {
-    return {in.query.batch, st.H, st.Hkv, st.d, in.query.rows, in.key.rows};
+// The core's Lk: the key rows, or with a cache the longest sequence after the append.
+std::size_t core_keys(const AttentionInputs& in, const KVCache* cache) {
+    if (cache == nullptr) return in.key.rows;
+    std::size_t longest = 0;
+    for (std::size_t n : cache->lengths()) longest = std::max(longest, n);
+    return longest + in.query.rows;
 }
+
+CorePath layer_core_path(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+                         std::size_t Lk) noexcept {
+    return core_path(st.H, st.Hkv, in.query.rows, Lk, opt.need_weights, opt.impl);
+}
+
+// Columns per task of the few-token projections (a multiple of every ISA's panel width).
+constexpr std::size_t kColumnBlock = 256;
 
 }  // namespace
 
@@ -43,14 +55,17 @@ std::size_t arena_threads(int threads) {
     return std::min(static_cast<std::size_t>(threads), allowed);
 }
 
-CorePath layer_core_path(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) noexcept {
-    return core_path(st.H, st.Hkv, in.query.rows, in.key.rows, opt.need_weights, opt.impl);
+bool few_tokens(const AttentionInputs& in) noexcept {
+    return is_self_attention(in) && in.query.batch * in.query.rows <= kFewTokens;
 }
 
-ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
+ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+                             const KVCache* cache) {
     ScratchLayout l;
     Carver c, slot;
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
+    const bool contiguous = in.query.row_stride == in.query.cols && in.query.batch_stride == Lq * in.query.cols;
+    if (few_tokens(in) && !contiguous) l.tokens = c.take(scratch_mul(scratch_mul(B, Lq), st.E));
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (is_self_attention(in)) {
         l.projections = c.take(scratch_mul(scratch_mul(B, Lq), qw + 2 * kvw));
@@ -59,7 +74,10 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
         l.key_values = c.take(scratch_mul(scratch_mul(B, Lk), 2 * kvw));
     }
     l.context = c.take(scratch_mul(scratch_mul(B, Lq), qw));
-    l.core = core_layout(core_shape(st, in), layer_core_path(st, in, opt), opt.need_weights, c, slot);
+    l.cache_keys = core_keys(in, cache);
+    if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
+    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys};
+    l.core = core_layout(shape, layer_core_path(st, in, opt, l.cache_keys), opt.need_weights, c, slot);
     l.rope_table = slot.take(st.rope ? scratch_mul(kRowBlock, st.rope->dims) : 0);
     l.slot_floats = slot.total;
     l.threads = arena_threads(opt.threads);
@@ -69,10 +87,11 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
 }
 
 LayerPlan::LayerPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
-                     const ForwardOptions& opt, const ScratchLayout& layout, float* scratch)
+                     const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache)
     : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
       self_attention_(is_self_attention(in)),
-      query_shift_(opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0), scratch_(scratch) {
+      query_shift_(cache == nullptr && opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
+      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)) {
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (self_attention_) {
         const std::size_t w = qw + 2 * kvw;
@@ -97,7 +116,63 @@ void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table
     for (std::size_t h = 0; h < heads; ++h) rope_rows(x.columns(h * d, d), r, st_.rope->style, cos_t, sin_t);
 }
 
+void LayerPlan::project_few_tokens() const {
+    const std::size_t qw = st_.q_width(), kvw = st_.kv_width(), w = qw + 2 * kvw, E = st_.E, n = B_ * Lq_;
+    ConstMatrix x(in_.query.data, n, E, E);  // [B·Lq, E]: the query itself when contiguous, else gathered
+    if (layout_.tokens != 0 || in_.query.row_stride != E || in_.query.batch_stride != Lq_ * E) {
+        float* tokens = scratch_ + layout_.tokens;
+        for (std::size_t b = 0; b < B_; ++b)
+            for (std::size_t i = 0; i < Lq_; ++i) std::copy(in_.query[b].row(i), in_.query[b].row(i) + E, tokens + (b * Lq_ + i) * E);
+        x = ConstMatrix(tokens, n, E, E);
+    }
+    const Matrix qkv(Q_.data, n, w, w);  // the projections [B, Lq, W] are contiguous
+    // Column blocks of each segment (Wq, Wk, Wv), so blocks never straddle segment padding.
+    const std::size_t widths[3] = {qw, kvw, kvw}, offsets[3] = {0, qw, qw + kvw};
+    std::size_t blocks[3], total = 0;
+    for (int part = 0; part < 3; ++part) total += blocks[part] = (widths[part] + kColumnBlock - 1) / kColumnBlock;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, total), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            std::size_t part = 0, blk = t;
+            while (blk >= blocks[part]) blk -= blocks[part++];
+            const std::size_t c0 = blk * kColumnBlock, nc = std::min(kColumnBlock, widths[part] - c0);
+            simd::gemm_packed(1.0f, x, Trans::no, simd::PackedMatrix::columns(st_.projection(part), c0, nc), 0.0f,
+                              st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
+        }
+    });
+    if (!st_.rope) return;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t b = r.begin(); b != r.end(); ++b) {
+            float* tab = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.rope_table;
+            const Matrix rows = qkv.row_block(b * Lq_, Lq_);
+            rotate(rows.columns(0, qw), st_.H, start_position(b), tab);  // Lq <= kFewTokens = kRowBlock rows
+            const std::size_t half = st_.rope->dims / 2;
+            for (std::size_t h = 0; h < st_.Hkv; ++h)
+                rope_rows(rows.columns(qw + h * st_.d, st_.d), st_.rope->dims, st_.rope->style, tab, tab + kRowBlock * half);
+        }
+    });
+}
+
+void LayerPlan::append_to_cache() const {
+    const std::size_t d = st_.d, Hkv = st_.Hkv, cap = cache_->capacity();
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t b = t / Hkv, h = t % Hkv, n = cache_->lengths()[b];
+            float* keys = cache_->key_data() + ((b * Hkv + h) * cap + n) * d;
+            float* values = cache_->value_data() + ((b * Hkv + h) * cap + n) * d;
+            const ConstMatrix k = K_[b].columns(h * d, d), v = V_[b].columns(h * d, d);
+            for (std::size_t i = 0; i < Lq_; ++i) {
+                std::copy(k.row(i), k.row(i) + d, keys + i * d);
+                std::copy(v.row(i), v.row(i) + d, values + i * d);
+            }
+        }
+    });
+}
+
 void LayerPlan::project_inputs() const {
+    if (few_tokens_) {
+        project_few_tokens();
+        return;
+    }
     const std::size_t nq = (Lq_ + kRowBlock - 1) / kRowBlock, nk = (Lk_ + kRowBlock - 1) / kRowBlock;
     const std::size_t qw = st_.q_width(), kvw = st_.kv_width(), H = st_.H, Hkv = st_.Hkv;
     const bool rope = st_.rope.has_value();
@@ -156,6 +231,26 @@ void LayerPlan::project_output() const {
     const std::size_t nq = (Lq_ + kRowBlock - 1) / kRowBlock, E = st_.E;
     const float* gamma = st_.norm_w.empty() ? nullptr : st_.norm_w.data();
     const float* beta = st_.norm_b.empty() ? nullptr : st_.norm_b.data();
+    if (few_tokens_) {  // columns of Wo across tasks (each weight read once), then the norm per row
+        const std::size_t nblocks = (E + kColumnBlock - 1) / kColumnBlock;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, nblocks), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t t = r.begin(); t != r.end(); ++t) {
+                const std::size_t c0 = t * kColumnBlock, nc = std::min(kColumnBlock, E - c0);
+                const auto wo = simd::PackedMatrix::columns(st_.out_proj.all(), c0, nc);
+                for (std::size_t b = 0; b < B_; ++b)
+                    simd::gemm_packed(1.0f, C_[b], Trans::no, wo, 0.0f, st_.out_b.data() + c0, out_.output[b].columns(c0, nc));
+            }
+        });
+        if (!opt_.norm_eps) return;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t b = r.begin(); b != r.end(); ++b)
+                for (std::size_t i = 0; i < Lq_; ++i) {
+                    float* y = out_.output[b].row(i);
+                    simd::layernorm_row(y, y, in_.query[b].row(i), E, gamma, beta, *opt_.norm_eps);
+                }
+        });
+        return;
+    }
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * nq), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t b = t / nq, r0 = (t % nq) * kRowBlock, n = std::min(kRowBlock, Lq_ - r0);
@@ -171,14 +266,27 @@ void LayerPlan::project_output() const {
 void LayerPlan::run() const {
     project_inputs();
     const std::size_t d = st_.d, H = st_.H, Hkv = st_.Hkv;
+    std::size_t* key_lengths = nullptr;
+    if (cache_ != nullptr) {
+        append_to_cache();
+        key_lengths = reinterpret_cast<std::size_t*>(scratch_ + layout_.key_lengths);
+        for (std::size_t b = 0; b < B_; ++b) key_lengths[b] = cache_->lengths()[b] + Lq_;
+    }
     // Heads as views of the projections: head h of batch b is columns [h·d, h·d + d) of its rows.
     auto heads = [d](const Batch& x, std::size_t count) {
         return Heads(x.data, x.batch, count, x.rows, d, x.batch_stride, d, x.row_stride);
     };
     CoreProblem p;
     p.q = heads(Q_, H);
-    p.k = heads(K_, Hkv);
-    p.v = heads(V_, Hkv);
+    if (cache_ != nullptr) {  // the cache's rows: [B, Hkv, capacity, d], the first key_lengths[b] of each sequence
+        const ConstHeads k = cache_->keys(), v = cache_->values();
+        p.k = Heads(cache_->key_data(), B_, Hkv, layout_.cache_keys, d, k.batch_stride, k.head_stride, k.row_stride);
+        p.v = Heads(cache_->value_data(), B_, Hkv, layout_.cache_keys, d, v.batch_stride, v.head_stride, v.row_stride);
+        p.key_lengths = key_lengths;
+    } else {
+        p.k = heads(K_, Hkv);
+        p.v = heads(V_, Hkv);
+    }
     p.out = heads(C_, H);
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
     p.causal = opt_.causal;
@@ -189,10 +297,12 @@ void LayerPlan::run() const {
     p.attn_mask = in_.attn_mask;
     p.need_weights = opt_.need_weights;
     p.attn_weights = out_.attn_weights;
-    const AttentionCore core(p, layer_core_path(st_, in_, opt_), layout_.core, scratch_, scratch_ + layout_.slots,
+    const AttentionCore core(p, layer_core_path(st_, in_, opt_, layout_.cache_keys), layout_.core, scratch_, scratch_ + layout_.slots,
                              layout_.slot_floats, layout_.threads);
     core.run();
     project_output();
+    if (cache_ != nullptr)
+        for (std::size_t b = 0; b < B_; ++b) cache_->set_length(b, key_lengths[b]);
 }
 
 }  // namespace mha::detail

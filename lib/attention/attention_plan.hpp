@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "mha/attention.hpp"
+#include "mha/kv_cache.hpp"
 #include "../simd/simd.hpp"
 #include "attention_core.hpp"
 #include "state.hpp"
@@ -18,6 +19,9 @@ namespace mha::detail {
 // Sizes depend on the shape, the path and the thread count only.
 struct ScratchLayout {
     std::size_t projections = 0, key_values = 0, context = 0;
+    std::size_t tokens = 0;       // few-token path: the query rows gathered into [B·Lq, E] (0: read in place)
+    std::size_t key_lengths = 0;  // with a cache: B size_t, each sequence's keys after the append
+    std::size_t cache_keys = 0;   // with a cache: the core's Lk (the longest sequence after the append)
     CoreLayout core;
     std::size_t rope_table = 0;  // within a slot: cos and sin of one projection row block
     std::size_t slots = 0, slot_floats = 0, threads = 0;
@@ -29,25 +33,36 @@ struct ScratchLayout {
 bool is_self_attention(const AttentionInputs& in) noexcept;
 // The concurrency of the arena a forward with `threads` (0: the caller's arena) runs in.
 std::size_t arena_threads(int threads);
-CorePath layer_core_path(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) noexcept;
-ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt);
+// Self-attention over at most kFewTokens tokens in all (B·Lq, decode steps and short chunks) projects with
+// the weights' columns split across tasks, so each weight streams from memory once for the whole batch and
+// every core has work; more tokens split the rows.
+inline constexpr std::size_t kFewTokens = 64;
+bool few_tokens(const AttentionInputs& in) noexcept;
+// cache: nullptr, or the validated KV cache of the call.
+ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+                             const KVCache* cache);
 
 class LayerPlan {
 public:
     // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, in, opt).
     LayerPlan(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
-              const ForwardOptions& opt, const ScratchLayout& layout, float* scratch);
+              const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache);
     // The whole forward. Call inside the arena.
     void run() const;
 
 private:
     // Q, K, V = projections of the inputs (bias fused, then RoPE on the block's rows), parallel over row blocks.
     void project_inputs() const;
-    // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks.
+    // The few-token path of project_inputs: columns of the packed weights split across tasks.
+    void project_few_tokens() const;
+    // Appends the new tokens' K and V rows to the cache (after RoPE).
+    void append_to_cache() const;
+    // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
     void project_output() const;
     // RoPE on the rows of `x` (columns: heads × d) at positions p0, p0 + 1, ...
     void rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const;
     std::size_t start_position(std::size_t b) const noexcept {
+        if (cache_ != nullptr) return cache_->lengths()[b];
         return opt_.positions != nullptr ? opt_.positions[b] : opt_.position_offset;
     }
     // Query row i is at start_position(b) + query_shift_ + i (validated >= 0): bottom-right alignment puts the
@@ -65,6 +80,8 @@ private:
     Batch Q_, K_, V_;  // [B, L, H·d | Hkv·d] views
     Batch C_;          // context [B, Lq, H·d]
     float* scratch_;
+    KVCache* cache_;
+    bool few_tokens_;
 };
 
 }  // namespace mha::detail

@@ -11,6 +11,7 @@
 #include "checks.hpp"
 #include "../reference/reference.hpp"
 #include "mha/attention.hpp"
+#include "mha/kv_cache.hpp"
 #include "rope.hpp"
 #include "state.hpp"
 
@@ -179,11 +180,74 @@ std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in_arg, c
     return simd_workspace_bytes(*state_, in, opt);
 }
 
-void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutputs& out, const ForwardOptions& opt,
-                             Workspace* workspace) const {
+namespace {
+
+// A forward with a cache: the cache fits the layer and the call, and the options it replaces are unset.
+// Runs before the general checks (which then see self-attention over the new tokens).
+void check_cache_call(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
+                      const ForwardOptions& opt, const KVCache& cache) {
+    if (cache.batch() == 0) fail("the KV cache is empty (moved from or default-constructed)");
+    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
+        fail("the KV cache has " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
+             " but the layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
+    if (in.key.data != nullptr || in.value.data != nullptr)
+        fail("key and value must be absent with a KV cache (the new tokens are the query)");
+    if (in.key_padding_mask.present() || in.attn_mask.present())
+        fail("masks are not taken with a KV cache (each sequence's length is its padding)");
+    if (opt.need_weights != NeedWeights::none) fail("need_weights is not available with a KV cache");
+    if (opt.positions != nullptr || opt.position_offset != 0)
+        fail("positions and position_offset must be unset with a KV cache (positions are the cache's lengths)");
+    if (in.query.batch != cache.batch())
+        fail("query batch " + std::to_string(in.query.batch) + " differs from the KV cache's batch " + std::to_string(cache.batch()));
+    for (std::size_t b = 0; b < cache.batch(); ++b)
+        if (in.query.rows > cache.capacity() - cache.lengths()[b])
+            fail("sequence " + std::to_string(b) + " holds " + std::to_string(cache.lengths()[b]) + " tokens; " +
+                 std::to_string(in.query.rows) + " more exceed the KV cache's capacity " + std::to_string(cache.capacity()));
+    const ConstBatch storage(cache.keys().data, 1, 1, cache.bytes() / sizeof(float));
+    if (in.query.data != nullptr && in.query.batch != 0 && in.query.rows != 0 && in.query.cols != 0 &&
+        detail::overlaps(storage, in.query))
+        fail("query overlaps the KV cache");
+    if (out.output.data != nullptr && out.output.batch != 0 && out.output.rows != 0 && out.output.cols != 0 &&
+        detail::overlaps(storage, ConstBatch(out.output)))
+        fail("output overlaps the KV cache");
+}
+
+}  // namespace
+
+void MultiheadAttention::forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt,
+                                 KVCache& cache) const {
+    run(in, out, opt, nullptr, &cache);
+}
+
+void MultiheadAttention::forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt,
+                                 KVCache& cache, Workspace& workspace) const {
+    run(in, out, opt, &workspace, &cache);
+}
+
+std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in, const ForwardOptions& opt, const KVCache& cache) const {
+    if (!state_) fail("the attention object was moved from");
+    check_cache_call(*state_, in, {}, opt, cache);
+    if (in.query.batch == 0 || in.query.rows == 0 || in.query.cols != state_->E)
+        fail("query is [" + std::to_string(in.query.batch) + ", " + std::to_string(in.query.rows) + ", " +
+             std::to_string(in.query.cols) + "] but must be non-empty with " + std::to_string(state_->E) + " features");
+    check_options(opt);
+    if (opt.backend == Backend::scalar) return 0;
+    AttentionInputs self = in;
+    self.key = self.value = in.query;
+    return simd_workspace_bytes(*state_, self, opt, &cache);
+}
+
+void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutputs& out, const ForwardOptions& opt_arg,
+                             Workspace* workspace, KVCache* cache) const {
     if (!state_) fail("the attention object was moved from");
     const State& st = *state_;
     const std::size_t E = st.E, H = st.H;
+    ForwardOptions opt = opt_arg;
+    if (cache != nullptr) {
+        check_cache_call(st, in_arg, out, opt, *cache);
+        opt.causal = true;  // bottom-right per sequence, by the cache's lengths
+        opt.causal_alignment = CausalAlignment::bottom_right;
+    }
     AttentionInputs in = in_arg;
     if (in.key.data == nullptr) in.key = in.query;
     if (in.value.data == nullptr) in.value = in.key;
@@ -210,7 +274,7 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         detail::overlaps(out.output, in.value))
         fail("output overlaps query, key or value");
     check_masks(in.key_padding_mask, in.attn_mask, B, H, Lq, Lk);
-    if (st.rope) {
+    if (st.rope && cache == nullptr) {  // with a cache: positions are lengths below the capacity
         // Positions must stay exact in double (the angle p·θ_k): start + L <= 2^53.
         // Bottom-right alignment puts query row i at start + Lk − Lq + i, which must not be negative.
         constexpr std::size_t kMaxPosition = std::size_t{1} << 53;
@@ -272,9 +336,12 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         detail::checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
                                detail::checked_madd(Lq, Lk, 0, "the scalar backend's", "scores"));
         const State::Unpacked weights = st.unpacked();  // before anything is written (may throw bad_alloc)
-        reference::multihead_attention(weights.layer(st), in, out, opt);
+        if (cache != nullptr)
+            reference::cached_attention(weights.layer(st), in.query, out.output, opt, *cache);
+        else
+            reference::multihead_attention(weights.layer(st), in, out, opt);
     } else {
-        simd_multihead_attention(st, in, out, opt, workspace);
+        simd_multihead_attention(st, in, out, opt, workspace, cache);
     }
 }
 

@@ -80,15 +80,16 @@ SdpaLayout sdpa_layout(const SdpaInputs& in, const SdpaOptions& opt) {
 
 }  // namespace
 
-std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt) {
-    return workspace_bytes_for(detail::scratch_layout(st, in, opt).bytes());
+std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+                                 const KVCache* cache) {
+    return workspace_bytes_for(detail::scratch_layout(st, in, opt, cache).bytes());
 }
 
 void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace) {
-    const detail::ScratchLayout layout = detail::scratch_layout(st, in, opt);
+                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace, KVCache* cache) {
+    const detail::ScratchLayout layout = detail::scratch_layout(st, in, opt, cache);
     run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
-        const detail::LayerPlan plan(st, in, out, opt, layout, scratch);
+        const detail::LayerPlan plan(st, in, out, opt, layout, scratch, cache);
         plan.run();
     });
 }

@@ -59,9 +59,12 @@ struct MultiheadAttention::State {
 
 // The SIMD backend (lib/attention/simd_attention.cpp). Inputs validated, key/value resolved.
 // workspace: the caller's, or nullptr (a lease from the scratch cache).
+// cache: nullptr, or the KV cache the new tokens (the query) continue (validated).
 void simd_multihead_attention(const MultiheadAttention::State& s, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace);
+                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace,
+                              KVCache* cache = nullptr);
 // The bytes of workspace simd_multihead_attention needs for this call.
-std::size_t simd_workspace_bytes(const MultiheadAttention::State& s, const AttentionInputs& in, const ForwardOptions& opt);
+std::size_t simd_workspace_bytes(const MultiheadAttention::State& s, const AttentionInputs& in, const ForwardOptions& opt,
+                                 const KVCache* cache = nullptr);
 
 }  // namespace mha

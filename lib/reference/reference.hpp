@@ -7,6 +7,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/kernels.hpp"
+#include "mha/kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 
@@ -54,5 +55,12 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
 // requested).
 void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
                          const ForwardOptions& opt);
+
+// One step of incremental decoding (MultiheadAttention::forward with a KVCache): for each sequence b, the Lq
+// new tokens query[b] are projected, their Q and K rows rotated at positions cache.length(b) + i, K and V
+// appended to the cache, and attention over the cache.length(b) + Lq cached keys (bottom-right causal)
+// projected out, then the optional post-norm (opt.norm_eps; the other options do not apply). Validated by the
+// caller (capacity included); advances the lengths. Allocates its own scratch.
+void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache);
 
 }  // namespace mha::reference

@@ -79,6 +79,14 @@ public:
     };
     View segments(std::size_t first, std::size_t count) const noexcept;
     View all() const noexcept;
+    // Columns [c0, c0 + count) of a view (c0 a multiple of v.nr, c0 + count <= v.n): a B operand that lets
+    // callers split N across threads (few-token projections stream each weight once, all cores busy).
+    static View columns(const View& v, std::size_t c0, std::size_t count) noexcept {
+        View r = v;
+        r.n = count;
+        r.panel0 = v.panel0 + c0 / v.nr;
+        return r;
+    }
     std::size_t segment_count() const noexcept;
     bool segments_contiguous() const noexcept;
     // Writes op(B) back as a row-major matrix: dst [K, N] (tb == no) or its transpose [N, K] (tb == yes).

@@ -1,0 +1,67 @@
+// Scalar reference of one incremental-decoding step (MultiheadAttention::forward with a KVCache), from the
+// reference kernels. For each sequence b with n_b = cache.length(b) cached tokens and Lq new tokens x_b:
+//   Q = x_b·Wqᵀ + bq [Lq, H·d],  K = x_b·Wkᵀ + bk,  V = x_b·Wvᵀ + bv [Lq, Hkv·d]
+//   with RoPE: every head row of Q and K of new token i rotated at position n_b + i
+//   K and V appended to the cache (rows n_b .. n_b + Lq − 1 of each KV head)
+//   C = attention_core over Q and the cache's n_b + Lq rows, scale 1/sqrt(d), causal bottom-right
+//   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + x_b)
+// Preconditions (checked by the public API): layer resolved, self-attention weights (kdim = vdim = E), the
+// cache's Hkv and d the layer's, n_b + Lq <= capacity, output not overlapping query or cache.
+#include <cmath>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace mha::reference {
+namespace {
+
+void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
+    reference::gemm(1.0f, x, Trans::no, w, Trans::yes, 0.0f, y);
+    for (std::size_t i = 0; i < y.rows; ++i)
+        for (std::size_t j = 0; j < y.cols; ++j) y(i, j) += bias[j];
+}
+
+}  // namespace
+
+void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache) {
+    const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
+    const std::size_t B = query.batch, Lq = query.rows, capacity = cache.capacity();
+    const ConstMatrix wq(layer.wq, H * d, E), wk(layer.wk, Hkv * d, E), wv(layer.wv, Hkv * d, E), wo(layer.wo, E, H * d);
+    std::vector<float> q(Lq * H * d), k(Lq * Hkv * d), v(Lq * Hkv * d), ctx(Lq * H * d);
+    const Matrix Q(q.data(), Lq, H * d), K(k.data(), Lq, Hkv * d), V(v.data(), Lq, Hkv * d), C(ctx.data(), Lq, H * d);
+    for (std::size_t b = 0; b < B; ++b) {
+        const std::size_t n = cache.length(b);
+        const ConstMatrix x = query[b];
+        linear(x, wq, layer.bq, Q);
+        linear(x, wk, layer.bk, K);
+        linear(x, wv, layer.bv, V);
+        if (layer.rope)
+            for (std::size_t i = 0; i < Lq; ++i) {
+                for (std::size_t h = 0; h < H; ++h) rope_row(Q.row(i) + h * d, *layer.rope, n + i);
+                for (std::size_t h = 0; h < Hkv; ++h) rope_row(K.row(i) + h * d, *layer.rope, n + i);
+            }
+        // Append: head h of token i is columns [h·d, h·d + d) of row i.
+        float* keys = cache.key_data() + b * Hkv * capacity * d;
+        float* values = cache.value_data() + b * Hkv * capacity * d;
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t i = 0; i < Lq; ++i)
+                for (std::size_t c = 0; c < d; ++c) {
+                    keys[(h * capacity + n + i) * d + c] = K(i, h * d + c);
+                    values[(h * capacity + n + i) * d + c] = V(i, h * d + c);
+                }
+        SdpaInputs in;
+        in.query = ConstHeads(q.data(), 1, H, Lq, d, 0, d, H * d);
+        in.key = ConstHeads(keys, 1, Hkv, n + Lq, d, 0, capacity * d, d);
+        in.value = ConstHeads(values, 1, Hkv, n + Lq, d, 0, capacity * d, d);
+        attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
+                       CausalAlignment::bottom_right, nullptr);
+        const Matrix y = output[b];
+        linear(C, wo, layer.bo, y);
+        if (opt.norm_eps)
+            for (std::size_t i = 0; i < Lq; ++i)
+                layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);
+        cache.set_length(b, n + Lq);
+    }
+}
+
+}  // namespace mha::reference
