@@ -325,6 +325,8 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
             detail::overlaps(w, wb, out.attn_weights, weight_count) || mask_overlaps(in.key_padding_mask, w, wb) ||
             mask_overlaps(in.attn_mask, w, wb))
             fail("workspace overlaps an input, an output or a mask");
+        if (cache != nullptr && detail::overlaps(w, wb, cache->keys().data, cache->bytes() / sizeof(float)))
+            fail("workspace overlaps the KV cache");
     }
 
     if (opt.backend == Backend::scalar) {
