@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
                     "Folder with query.npy, out_proj.weight.npy and either in_proj_weight.npy or q_proj_weight.npy, "
                     "k_proj_weight.npy, v_proj_weight.npy (required); optionally key.npy, value.npy (widths kdim, "
                     "vdim: any with the separate q/k/v weights), in_proj_bias.npy, out_proj.bias.npy, "
-                    "key_padding_mask.npy, attn_mask.npy, norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
+                    "key_padding_mask.npy, attn_mask.npy, norm.weight.npy, norm.bias.npy (read only with --norm-eps); "
+                    "past_key.npy, past_value.npy [B, Hkv, Lp, d] and past_lengths.npy [B] (int32/int64) to continue "
+                    "cached sequences (a KV cache: also writes present_key.npy, present_value.npy)")
         ->required();
     run->add_option("--heads", run_opts.heads, "Number of query heads H")->required()->check(positive);
     CLI::Option* kv_heads_opt =
@@ -90,8 +92,10 @@ int main(int argc, char** argv) {
             ->needs(rope_theta_opt);
     CLI::Option* rope_dims_opt =
         run->add_option("--rope-dims", rope_dims, "Rotary dims per head (even; default: the head dim)")->check(positive)->needs(rope_theta_opt);
-    run->add_option("--position-offset", run_opts.position_offset, "Rotary position of the first query and key row (default 0)")
-        ->needs(rope_theta_opt);
+    std::size_t position_offset = 0, chunk = 0;
+    CLI::Option* position_offset_opt =
+        run->add_option("--position-offset", position_offset, "Rotary position of the first query and key row (default 0)")
+            ->needs(rope_theta_opt);
     CLI::Option* run_causal = run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
     bool run_bottom_right = false;
     run->add_flag("--causal-bottom-right", run_bottom_right, "Mask key j for query i when j > i + Lk - Lq (new tokens at the end)")
@@ -105,7 +109,14 @@ int main(int argc, char** argv) {
     run->add_flag("--seq-first", run_opts.seq_first,
                   "query.npy, key.npy, value.npy and output.npy are [L, B, E] (PyTorch's batch_first=False) instead "
                   "of [B, L, E]; masks and attn_weights.npy keep their shapes; unbatched [L, E] files are unaffected");
-    run->add_option("--out", run_opts.out, "Output file (default: <npy dir>/output.npy)");
+    CLI::Option* chunk_opt =
+        run->add_option("--chunk", chunk,
+                        "Feed the query through a KV cache N tokens per call (causal; self-attention; continues "
+                        "past_key.npy / past_value.npy when present); also writes present_key.npy and present_value.npy")
+            ->check(positive);
+    run->add_option("--out", run_opts.out,
+                    "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
+                    "beside it");
 
     // --- mha sdpa -----------------------------------------------------------------------------
     SdpaCommandOptions sdpa_opts;
@@ -211,6 +222,8 @@ int main(int argc, char** argv) {
             if (rope_theta_opt->count() > 0) run_opts.rope_theta = rope_theta;
             if (rope_style_opt->count() > 0) run_opts.rope_style = rope_style_names.at(rope_style);
             if (rope_dims_opt->count() > 0) run_opts.rope_dims = rope_dims;
+            if (position_offset_opt->count() > 0) run_opts.position_offset = position_offset;
+            if (chunk_opt->count() > 0) run_opts.chunk = chunk;
             if (run_bottom_right) {
                 run_opts.causal = true;
                 run_opts.causal_alignment = mha::CausalAlignment::bottom_right;
