@@ -62,17 +62,18 @@ struct SdpaCommandOptions {
 
 void sdpa_command(const SdpaCommandOptions& options);
 
-enum class BenchOp { attention, sdpa, gemm, softmax, layernorm };
+enum class BenchOp { attention, sdpa, decode, gemm, softmax, layernorm };
 
 struct BenchOptions {
     BenchOp op = BenchOp::attention;
     // attention, sdpa
-    std::size_t batch = 8, seq = 128, embed = 768, heads = 12;
-    std::optional<std::size_t> kv_seq;    // default: seq
+    std::size_t batch = 8, embed = 768, heads = 12;
+    std::optional<std::size_t> seq;       // default: 128; decode: 1 (the new tokens per step)
+    std::optional<std::size_t> kv_seq;    // default: seq; decode: 1024 (the tokens already cached)
     std::optional<std::size_t> kv_heads;  // default: heads
     std::optional<std::size_t> head_dim;  // default: attention embed / heads; sdpa 64
     std::optional<std::size_t> kdim, vdim;     // attention: key / value features, default embed
-    std::optional<float> rope_theta;           // attention: rotary embeddings (half style, all dims)
+    std::optional<float> rope_theta;           // attention, decode: rotary embeddings (half style, all dims)
     bool causal = false;
     Impl impl = Impl::automatic;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ

@@ -560,4 +560,89 @@ TEST_F(KvCacheErrors, EmptyQueryAndPastWriteNothing) {
     EXPECT_EQ(mha_tool_test::listing(dir_), before);
 }
 
+// --- mha bench --op decode -------------------------------------------------------------------------
+
+class DecodeBench : public KvCacheToolTest {
+protected:
+    nlohmann::json bench(std::vector<std::string> args) {
+        args.insert(args.begin(), {"bench", "--op", "decode", "--json", "--reps", "3"});
+        const Result r = mha(args);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.err, "");
+        EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+        nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+        EXPECT_TRUE(j.is_object()) << r.out;
+        if (!j.is_object()) return nlohmann::json::object();
+        for (const char* field : {"op", "backend", "isa", "threads", "reps", "batch", "kv_seq", "seq", "embed", "heads",
+                                  "kv_heads", "head_dim", "ms_median", "ms_min", "gflops", "gbps", "weight_bytes", "cache_bytes"})
+            EXPECT_TRUE(j.contains(field)) << field << " missing in " << r.out;
+        EXPECT_EQ(j.value("op", ""), "decode");
+        EXPECT_GT(j.value("ms_min", 0.0), 0.0);
+        EXPECT_LE(j.value("ms_min", 0.0), j.value("ms_median", 0.0));
+        EXPECT_GT(j.value("gbps", 0.0), 0.0);
+        EXPECT_GT(j.value("gflops", 0.0), 0.0);
+        // The rates are the documented counts over the median time.
+        const double B = j.value("batch", 0.0), Lk = j.value("kv_seq", 0.0), Lq = j.value("seq", 0.0), E = j.value("embed", 0.0);
+        const double H = j.value("heads", 0.0), Hkv = j.value("kv_heads", 0.0), d = j.value("head_dim", 0.0);
+        const double s = j.value("ms_median", 0.0) * 1e-3;
+        const double flops = 2 * B * Lq * (E * H * d + 2 * E * Hkv * d + H * d * E) + 4 * B * H * Lq * (Lk + Lq) * d;
+        const double cache_bytes = 2 * B * Hkv * (Lk + Lq) * d * 4;
+        EXPECT_NEAR(j.value("gflops", 0.0), flops / s / 1e9, 1e-9 * flops / s / 1e9);
+        EXPECT_EQ(j.value("cache_bytes", 0.0), cache_bytes);
+        const double bytes = j.value("weight_bytes", 0.0) + cache_bytes;
+        EXPECT_NEAR(j.value("gbps", 0.0), bytes / s / 1e9, 1e-9 * bytes / s / 1e9);
+        EXPECT_GE(j.value("weight_bytes", 0.0), 4 * (2 * E * H * d + 2 * E * Hkv * d));  // the four projections at least
+        return j;
+    }
+};
+
+TEST_F(DecodeBench, JsonOneAndTwoThreads) {
+    for (const char* threads : {"1", "2"}) {
+        SCOPED_TRACE(threads);
+        const nlohmann::json j = bench({"--batch", "2", "--kv-seq", "64", "--embed", "32", "--heads", "4", "--kv-heads", "2",
+                                        "--threads", threads});
+        EXPECT_GE(j.value("threads", 0), 1);  // the request, clamped to the pool
+        EXPECT_LE(j.value("threads", 0), std::stoi(threads));
+        EXPECT_EQ(j.value("batch", 0), 2);
+        EXPECT_EQ(j.value("kv_seq", 0), 64);
+        EXPECT_EQ(j.value("seq", 0), 1);  // the default: one new token
+        EXPECT_EQ(j.value("head_dim", 0), 8);
+    }
+}
+
+TEST_F(DecodeBench, SeveralNewTokensHeadDimRope) {
+    const nlohmann::json j = bench({"--batch", "1", "--kv-seq", "40", "--seq", "4", "--embed", "32", "--heads", "4",
+                                    "--kv-heads", "1", "--head-dim", "16", "--rope-theta", "10000", "--threads", "2"});
+    EXPECT_EQ(j.value("seq", 0), 4);
+    EXPECT_EQ(j.value("head_dim", 0), 16);
+    EXPECT_EQ(j.value("kv_heads", 0), 1);
+}
+
+TEST_F(DecodeBench, ScalarBackendAndPackedShape) {
+    const nlohmann::json j = bench({"--backend", "scalar", "--batch", "1", "--kv-seq", "16", "--embed", "16", "--heads", "2"});
+    EXPECT_EQ(j.value("backend", ""), "scalar");
+    EXPECT_EQ(j.value("threads", 0), 1);
+}
+
+TEST_F(DecodeBench, ReadableLine) {
+    const Result r = mha({"bench", "--op", "decode", "--batch", "1", "--kv-seq", "16", "--embed", "16", "--heads", "2", "--reps", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.rfind("decode batch=1 kv_seq=16 seq=1", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find("GB/s"), std::string::npos) << r.out;
+}
+
+TEST_F(DecodeBench, FlagsThatDoNotApply) {
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--causal", ""}, {"--kdim", "8"}, {"--vdim", "8"},
+                                                                                      {"--m", "4"}, {"--rows", "4"}}) {
+        std::vector<std::string> a{"bench", "--op", "decode", "--batch", "1", "--kv-seq", "8", "--embed", "16", "--heads", "2", flag};
+        if (!value.empty()) a.push_back(value);
+        const Result r = mha(a);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.err.find(flag + " does not apply to --op decode"), std::string::npos) << r.err;
+    }
+    const Result r = mha({"bench", "--op", "decode", "--embed", "10", "--heads", "3"});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("not a multiple"), std::string::npos) << r.err;
+}
+
 }  // namespace
