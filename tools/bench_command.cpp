@@ -10,6 +10,14 @@
 //              ones, Σ_i min(Lk, max(0, i + 1 + Lk − Lq)) (bottom-right aligned; the same as top-left when
 //              Lq = Lk); JSON "flops_counted": "all pairs" / "visible pairs"
 //              gbps   = K and V read once per call: 2·B·Hkv·Lk·d·4 bytes / t
+//   decode     one decode step of the layer with a KV cache: B sequences of Lk cached tokens (random K/V
+//              appended to a mha::KVCache of capacity Lk + Lq), Lq new tokens each (default 1): projections,
+//              RoPE (with --rope-theta), append, attention over Lk + Lq keys, output projection. Before each
+//              call (outside the timed region) every sequence is truncated back to Lk, so each call appends the
+//              same Lq tokens. Self-attention; separate q/k/v weights unless H = Hkv and H·d = E (packed).
+//              gflops = (2·B·Lq·(E·H·d + 2·E·Hkv·d + H·d·E) + 4·B·H·Lq·(Lk + Lq)·d) / t
+//              gbps   = (weight bytes + K/V cache bytes read) / t, weight bytes = MultiheadAttention::weight_bytes()
+//                       (packed projections with their padding, biases), cache bytes = 2·B·Hkv·(Lk + Lq)·d·4
 //   gemm       C[m, n] = A[m, k]·B[n, k]ᵀ        gflops = 2·m·n·k / t
 //   softmax    [rows, cols] in place              gbps   = 2·rows·cols·4 bytes / t   (read + write)
 //   layernorm  [rows, cols] → [rows, cols]        gbps   = 2·rows·cols·4 bytes / t
@@ -38,12 +46,15 @@ struct Timing {
     double min_ms = 0;
 };
 
-template <class F>
-Timing time_calls(int reps, F&& call) {
+// prepare() runs before each call, outside the timed region.
+template <class F, class P>
+Timing time_calls(int reps, F&& call, P&& prepare) {
+    prepare();
     call();  // warm-up: page faults, caches, one-time setup
     std::vector<double> ms;
     ms.reserve(static_cast<std::size_t>(reps));
     for (int r = 0; r < reps; ++r) {
+        prepare();
         const auto t0 = std::chrono::steady_clock::now();
         call();
         const auto t1 = std::chrono::steady_clock::now();
@@ -52,6 +63,11 @@ Timing time_calls(int reps, F&& call) {
     std::sort(ms.begin(), ms.end());
     const std::size_t n = ms.size();
     return {n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]), ms.front()};
+}
+
+template <class F>
+Timing time_calls(int reps, F&& call) {
+    return time_calls(reps, call, [] {});
 }
 
 // Product of the sizes, or a tool_error naming the buffer when it does not fit in size_t.
@@ -73,6 +89,7 @@ const char* op_name(BenchOp op) {
     switch (op) {
         case BenchOp::attention: return "attention";
         case BenchOp::sdpa: return "sdpa";
+        case BenchOp::decode: return "decode";
         case BenchOp::gemm: return "gemm";
         case BenchOp::softmax: return "softmax";
         case BenchOp::layernorm: return "layernorm";
@@ -92,7 +109,7 @@ const char* impl_name(Impl impl) {
 }  // namespace
 
 void bench_command(const BenchOptions& opt) {
-    const bool kernel = opt.op != BenchOp::attention && opt.op != BenchOp::sdpa;
+    const bool kernel = opt.op != BenchOp::attention && opt.op != BenchOp::sdpa && opt.op != BenchOp::decode;
     if (kernel && opt.threads && *opt.threads != 1)
         throw tool_error("--threads " + std::to_string(*opt.threads) + " is not supported for --op " + op_name(opt.op) +
                          ": the kernels are single-threaded (use --threads 1 or leave it out)");
@@ -115,7 +132,8 @@ void bench_command(const BenchOptions& opt) {
     std::string shape;
     switch (opt.op) {
         case BenchOp::attention: {
-            const std::size_t B = opt.batch, L = opt.seq, Lk = opt.kv_seq.value_or(opt.seq), E = opt.embed, H = opt.heads;
+            const std::size_t L = opt.seq.value_or(128);
+            const std::size_t B = opt.batch, Lk = opt.kv_seq.value_or(L), E = opt.embed, H = opt.heads;
             const std::size_t Hkv = opt.kv_heads.value_or(H);
             if (!opt.head_dim && E % H != 0)
                 throw tool_error("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
@@ -193,7 +211,8 @@ void bench_command(const BenchOptions& opt) {
             break;
         }
         case BenchOp::sdpa: {
-            const std::size_t B = opt.batch, Lq = opt.seq, Lk = opt.kv_seq.value_or(opt.seq), H = opt.heads;
+            const std::size_t Lq = opt.seq.value_or(128);
+            const std::size_t B = opt.batch, Lk = opt.kv_seq.value_or(Lq), H = opt.heads;
             const std::size_t Hkv = opt.kv_heads.value_or(H), d = opt.head_dim.value_or(64);
             const std::vector<float> q = random_values(count_of("q", {B, H, Lq, d}), 1.0f, rng);
             const std::vector<float> k = random_values(count_of("k", {B, Hkv, Lk, d}), 1.0f, rng);
@@ -229,6 +248,88 @@ void bench_command(const BenchOptions& opt) {
             shape = "batch=" + std::to_string(B) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
                     " head_dim=" + std::to_string(d) + " seq=" + std::to_string(Lq) + " kv_seq=" + std::to_string(Lk) +
                     " impl=" + impl_name(opt.impl) + (opt.causal ? " causal" : "");
+            break;
+        }
+        case BenchOp::decode: {
+            const std::size_t B = opt.batch, Lq = opt.seq.value_or(1), Lk = opt.kv_seq.value_or(1024), E = opt.embed, H = opt.heads;
+            const std::size_t Hkv = opt.kv_heads.value_or(H);
+            if (!opt.head_dim && E % H != 0)
+                throw tool_error("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
+                                 " (the head dim defaults to --embed / --heads; give --head-dim)");
+            const std::size_t d = opt.head_dim.value_or(E / H);
+            const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
+            std::size_t capacity = 0;
+            if (__builtin_add_overflow(Lk, Lq, &capacity)) throw tool_error("--kv-seq + --seq overflows size_t");
+            const bool packed = Hkv == H && Hd == E;
+            const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));
+            const std::vector<float> query = random_values(count_of("query", {B, Lq, E}), 1.0f, rng);
+            std::vector<float> in_w, q_w, k_w, v_w;
+            if (packed) {
+                in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
+            } else {
+                q_w = random_values(count_of("q_proj_weight", {Hd, E}), w_amp, rng);
+                k_w = random_values(count_of("k_proj_weight", {Hkvd, E}), w_amp, rng);
+                v_w = random_values(count_of("v_proj_weight", {Hkvd, E}), w_amp, rng);
+            }
+            const std::vector<float> in_b = random_values(Hd + 2 * Hkvd, w_amp, rng);
+            const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, Hd}), 1.0f / std::sqrt(float(Hd)), rng);
+            const std::vector<float> out_b = random_values(E, w_amp, rng);
+            std::vector<float> output(query.size());
+            AttentionWeights w;
+            w.in_proj_weight = packed ? in_w.data() : nullptr;
+            w.q_proj_weight = packed ? nullptr : q_w.data();
+            w.k_proj_weight = packed ? nullptr : k_w.data();
+            w.v_proj_weight = packed ? nullptr : v_w.data();
+            w.in_proj_bias = in_b.data();
+            w.out_proj_weight = out_w.data();
+            w.out_proj_bias = out_b.data();
+            AttentionConfig config;
+            config.embed_dim = E;
+            config.num_heads = H;
+            config.num_kv_heads = Hkv;
+            config.head_dim = d;
+            if (opt.rope_theta) {
+                RopeConfig rope;
+                rope.theta = *opt.rope_theta;
+                config.rope = rope;
+            }
+            const MultiheadAttention attention(w, config);
+            // The cached tokens: random K and V, Lk rows per (sequence, KV head), appended sequence by sequence.
+            KVCache cache(B, Hkv, d, capacity);
+            {
+                const std::vector<float> k = random_values(count_of("the cached keys", {Hkv, Lk, d}), 1.0f, rng);
+                const std::vector<float> v = random_values(count_of("the cached values", {Hkv, Lk, d}), 1.0f, rng);
+                for (std::size_t b = 0; b < B; ++b)
+                    cache.append(b, ConstHeads::bhld(k.data(), 1, Hkv, Lk, d), ConstHeads::bhld(v.data(), 1, Hkv, Lk, d));
+            }
+            AttentionInputs in;
+            in.query = ConstBatch(query.data(), B, Lq, E);
+            AttentionOutputs out;
+            out.output = Batch(output.data(), B, Lq, E);
+            ForwardOptions fo;
+            fo.backend = opt.backend;
+            fo.threads = opt.threads.value_or(0);
+            fo.impl = opt.impl;
+            t = time_calls(
+                opt.reps, [&] { attention.forward(in, out, fo, cache); },
+                [&] {
+                    for (std::size_t b = 0; b < B; ++b) cache.truncate(b, Lk);
+                });
+            const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
+            flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * lq * (lk + lq) * hd;
+            const double weight_bytes = double(attention.weight_bytes());
+            const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, sizeof(float)});
+            bytes = weight_bytes + double(cache_bytes);
+            j["impl"] = impl_name(opt.impl);
+            j["batch"] = B, j["kv_seq"] = Lk, j["seq"] = Lq, j["embed"] = E, j["heads"] = H;
+            j["kv_heads"] = Hkv, j["head_dim"] = d;
+            j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);
+            j["weight_bytes"] = attention.weight_bytes();
+            j["cache_bytes"] = cache_bytes;
+            shape = "batch=" + std::to_string(B) + " kv_seq=" + std::to_string(Lk) + " seq=" + std::to_string(Lq) +
+                    " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
+                    " head_dim=" + std::to_string(d) + (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") +
+                    " impl=" + impl_name(opt.impl);
             break;
         }
         case BenchOp::gemm: {

@@ -27,7 +27,7 @@ struct RunOptions {
     std::optional<float> rope_theta;      // set: rotary embeddings on
     std::optional<RopeStyle> rope_style;  // only with rope_theta; absent: half
     std::optional<std::size_t> rope_dims; // only with rope_theta; absent: the head dim
-    std::size_t position_offset = 0;
+    std::optional<std::size_t> position_offset;  // --position-offset (absent: 0)
     bool causal = false;
     CausalAlignment causal_alignment = CausalAlignment::top_left;
     std::optional<float> norm_eps;
@@ -36,11 +36,15 @@ struct RunOptions {
     int threads = 0;
     Impl impl = Impl::automatic;
     bool seq_first = false;  // query/key/value and output are [L, B, E] (PyTorch's batch_first=False)
+    // --chunk N: feed the query through a KV cache N tokens at a time (causal). Set, or past_key.npy /
+    // past_value.npy in the folder: the KV cache path, which also writes present_key.npy / present_value.npy.
+    std::optional<std::size_t> chunk;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
-// `mha run`: reads the .npy inputs, computes, then writes output.npy (and attn_weights.npy).
-// Nothing is written unless every input is valid and the forward pass succeeded.
+// `mha run`: reads the .npy inputs, computes, then writes output.npy (and attn_weights.npy, or with a KV
+// cache present_key.npy and present_value.npy). Nothing is written unless every input is valid and the
+// forward pass succeeded.
 void run_command(const RunOptions& options);
 
 // `mha sdpa`: scaled_dot_product_attention on q.npy [B, H, Lq, d], k.npy / v.npy [B, Hkv, Lk, d] and the
@@ -58,17 +62,18 @@ struct SdpaCommandOptions {
 
 void sdpa_command(const SdpaCommandOptions& options);
 
-enum class BenchOp { attention, sdpa, gemm, softmax, layernorm };
+enum class BenchOp { attention, sdpa, decode, gemm, softmax, layernorm };
 
 struct BenchOptions {
     BenchOp op = BenchOp::attention;
     // attention, sdpa
-    std::size_t batch = 8, seq = 128, embed = 768, heads = 12;
-    std::optional<std::size_t> kv_seq;    // default: seq
+    std::size_t batch = 8, embed = 768, heads = 12;
+    std::optional<std::size_t> seq;       // default: 128; decode: 1 (the new tokens per step)
+    std::optional<std::size_t> kv_seq;    // default: seq; decode: 1024 (the tokens already cached)
     std::optional<std::size_t> kv_heads;  // default: heads
     std::optional<std::size_t> head_dim;  // default: attention embed / heads; sdpa 64
     std::optional<std::size_t> kdim, vdim;     // attention: key / value features, default embed
-    std::optional<float> rope_theta;           // attention: rotary embeddings (half style, all dims)
+    std::optional<float> rope_theta;           // attention, decode: rotary embeddings (half style, all dims)
     bool causal = false;
     Impl impl = Impl::automatic;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ

@@ -35,6 +35,7 @@ const std::map<std::string, mha::Impl> impl_names{
     {"auto", mha::Impl::automatic}, {"materialized", mha::Impl::materialized}, {"fused", mha::Impl::fused}};
 const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
                                               {"sdpa", BenchOp::sdpa},
+                                              {"decode", BenchOp::decode},
                                               {"gemm", BenchOp::gemm},
                                               {"softmax", BenchOp::softmax},
                                               {"layernorm", BenchOp::layernorm}};
@@ -72,7 +73,9 @@ int main(int argc, char** argv) {
                     "Folder with query.npy, out_proj.weight.npy and either in_proj_weight.npy or q_proj_weight.npy, "
                     "k_proj_weight.npy, v_proj_weight.npy (required); optionally key.npy, value.npy (widths kdim, "
                     "vdim: any with the separate q/k/v weights), in_proj_bias.npy, out_proj.bias.npy, "
-                    "key_padding_mask.npy, attn_mask.npy, norm.weight.npy, norm.bias.npy (read only with --norm-eps)")
+                    "key_padding_mask.npy, attn_mask.npy, norm.weight.npy, norm.bias.npy (read only with --norm-eps); "
+                    "past_key.npy, past_value.npy [B, Hkv, Lp, d] and past_lengths.npy [B] (int32/int64) to continue "
+                    "cached sequences (a KV cache: also writes present_key.npy, present_value.npy)")
         ->required();
     run->add_option("--heads", run_opts.heads, "Number of query heads H")->required()->check(positive);
     CLI::Option* kv_heads_opt =
@@ -90,8 +93,10 @@ int main(int argc, char** argv) {
             ->needs(rope_theta_opt);
     CLI::Option* rope_dims_opt =
         run->add_option("--rope-dims", rope_dims, "Rotary dims per head (even; default: the head dim)")->check(positive)->needs(rope_theta_opt);
-    run->add_option("--position-offset", run_opts.position_offset, "Rotary position of the first query and key row (default 0)")
-        ->needs(rope_theta_opt);
+    std::size_t position_offset = 0, chunk = 0;
+    CLI::Option* position_offset_opt =
+        run->add_option("--position-offset", position_offset, "Rotary position of the first query and key row (default 0)")
+            ->needs(rope_theta_opt);
     CLI::Option* run_causal = run->add_flag("--causal", run_opts.causal, "Mask key j for query i when j > i");
     bool run_bottom_right = false;
     run->add_flag("--causal-bottom-right", run_bottom_right, "Mask key j for query i when j > i + Lk - Lq (new tokens at the end)")
@@ -105,7 +110,14 @@ int main(int argc, char** argv) {
     run->add_flag("--seq-first", run_opts.seq_first,
                   "query.npy, key.npy, value.npy and output.npy are [L, B, E] (PyTorch's batch_first=False) instead "
                   "of [B, L, E]; masks and attn_weights.npy keep their shapes; unbatched [L, E] files are unaffected");
-    run->add_option("--out", run_opts.out, "Output file (default: <npy dir>/output.npy)");
+    CLI::Option* chunk_opt =
+        run->add_option("--chunk", chunk,
+                        "Feed the query through a KV cache N tokens per call (causal; self-attention; continues "
+                        "past_key.npy / past_value.npy when present); also writes present_key.npy and present_value.npy")
+            ->check(positive);
+    run->add_option("--out", run_opts.out,
+                    "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
+                    "beside it");
 
     // --- mha sdpa -----------------------------------------------------------------------------
     SdpaCommandOptions sdpa_opts;
@@ -131,42 +143,52 @@ int main(int argc, char** argv) {
 
     // --- mha bench ----------------------------------------------------------------------------
     BenchOptions bench_opts;
-    std::size_t kv_seq = 0, bench_kv_heads = 0, bench_head_dim = 0, bench_kdim = 0, bench_vdim = 0;
+    std::size_t bench_seq = 0, kv_seq = 0, bench_kv_heads = 0, bench_head_dim = 0, bench_kdim = 0, bench_vdim = 0;
     float bench_rope_theta = 0.0f;
     int threads = 0;
     CLI::App* bench = app.add_subcommand("bench", "Time one op on random inputs (one warm-up, then --reps timed runs)");
     std::string bench_op, bench_backend = "simd", bench_impl = "auto";
-    bench->add_option("--op", bench_op, "The op to time: attention, sdpa, gemm, softmax or layernorm")
+    bench->add_option("--op", bench_op,
+                      "The op to time: attention, sdpa, decode (one decode step of the layer with a KV cache), gemm, "
+                      "softmax or layernorm")
         ->required()
         ->check(CLI::IsMember(op_names));
     // Options that only make sense for some ops; giving one to another op is an error.
     std::vector<std::pair<CLI::Option*, std::vector<BenchOp>>> op_specific;
     auto only_for = [&](CLI::Option* o, std::vector<BenchOp> ops) { op_specific.emplace_back(o, std::move(ops)); };
-    const std::vector<BenchOp> attention{BenchOp::attention}, heads_ops{BenchOp::attention, BenchOp::sdpa};
-    only_for(bench->add_option("--batch", bench_opts.batch, "attention/sdpa: batch B (default 8)")->check(positive), heads_ops);
-    only_for(bench->add_option("--seq", bench_opts.seq, "attention/sdpa: query length Lq (default 128)")->check(positive), heads_ops);
-    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq, "attention/sdpa: key/value length Lk (default: --seq)")->check(positive);
+    const std::vector<BenchOp> attention{BenchOp::attention}, heads_ops{BenchOp::attention, BenchOp::sdpa, BenchOp::decode};
+    const std::vector<BenchOp> layer_ops{BenchOp::attention, BenchOp::decode};
+    only_for(bench->add_option("--batch", bench_opts.batch, "attention/sdpa/decode: batch B (default 8)")->check(positive), heads_ops);
+    CLI::Option* seq_opt =
+        bench->add_option("--seq", bench_seq, "attention/sdpa: query length Lq (default 128); decode: new tokens per step (default 1)")
+            ->check(positive);
+    only_for(seq_opt, heads_ops);
+    CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq,
+                                            "attention/sdpa: key/value length Lk (default: --seq); decode: tokens already "
+                                            "cached per sequence (default 1024)")
+                              ->check(positive);
     only_for(kv_opt, heads_ops);
-    only_for(bench->add_option("--embed", bench_opts.embed, "attention: embed dim E (default 768)")->check(positive), attention);
-    only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa: query heads H (default 12)")->check(positive), heads_ops);
+    only_for(bench->add_option("--embed", bench_opts.embed, "attention/decode: embed dim E (default 768)")->check(positive), layer_ops);
+    only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa/decode: query heads H (default 12)")->check(positive), heads_ops);
     CLI::Option* bench_kv_heads_opt =
-        bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa: key/value heads Hkv (default: --heads)")->check(positive);
+        bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa/decode: key/value heads Hkv (default: --heads)")->check(positive);
     only_for(bench_kv_heads_opt, heads_ops);
     CLI::Option* bench_head_dim_opt =
-        bench->add_option("--head-dim", bench_head_dim, "attention/sdpa: head dim d (default: attention E / H, sdpa 64)")->check(positive);
+        bench->add_option("--head-dim", bench_head_dim, "attention/sdpa/decode: head dim d (default: attention/decode E / H, sdpa 64)")
+            ->check(positive);
     only_for(bench_head_dim_opt, heads_ops);
     CLI::Option* kdim_opt = bench->add_option("--kdim", bench_kdim, "attention: key features (default: --embed)")->check(positive);
     only_for(kdim_opt, attention);
     CLI::Option* vdim_opt = bench->add_option("--vdim", bench_vdim, "attention: value features (default: --kdim)")->check(positive);
     only_for(vdim_opt, attention);
     CLI::Option* bench_rope_opt =
-        bench->add_option("--rope-theta", bench_rope_theta, "attention: rotary embeddings (half style, all dims) with this base");
-    only_for(bench_rope_opt, attention);
+        bench->add_option("--rope-theta", bench_rope_theta, "attention/decode: rotary embeddings (half style, all dims) with this base");
+    only_for(bench_rope_opt, layer_ops);
     only_for(bench->add_flag("--causal", bench_opts.causal,
                              "attention: causal mask (top-left); sdpa: causal mask (bottom-right when --kv-seq differs; "
-                             "gflops count only the visible pairs)"),
-             heads_ops);
-    only_for(bench->add_option("--impl", bench_impl, "attention/sdpa: auto (default), materialized or fused")
+                             "gflops count only the visible pairs); decode is causal by construction"),
+             {BenchOp::attention, BenchOp::sdpa});
+    only_for(bench->add_option("--impl", bench_impl, "attention/sdpa/decode: auto (default), materialized or fused")
                  ->check(CLI::IsMember(impl_names)),
              heads_ops);
     only_for(bench->add_option("--m", bench_opts.m, "gemm: rows of A and C (default 1024)")->check(positive), {BenchOp::gemm});
@@ -211,6 +233,8 @@ int main(int argc, char** argv) {
             if (rope_theta_opt->count() > 0) run_opts.rope_theta = rope_theta;
             if (rope_style_opt->count() > 0) run_opts.rope_style = rope_style_names.at(rope_style);
             if (rope_dims_opt->count() > 0) run_opts.rope_dims = rope_dims;
+            if (position_offset_opt->count() > 0) run_opts.position_offset = position_offset;
+            if (chunk_opt->count() > 0) run_opts.chunk = chunk;
             if (run_bottom_right) {
                 run_opts.causal = true;
                 run_opts.causal_alignment = mha::CausalAlignment::bottom_right;
@@ -234,6 +258,7 @@ int main(int argc, char** argv) {
                 if (std::find(ops.begin(), ops.end(), bench_opts.op) == ops.end())
                     throw tool_error(opt->get_name() + " does not apply to --op " + bench_op);
             }
+            if (seq_opt->count() > 0) bench_opts.seq = bench_seq;
             if (kv_opt->count() > 0) bench_opts.kv_seq = kv_seq;
             if (threads_opt->count() > 0) bench_opts.threads = threads;
             if (bench_kv_heads_opt->count() > 0) bench_opts.kv_heads = bench_kv_heads;

@@ -32,14 +32,24 @@ std::optional<std::size_t> checked_mul(std::size_t a, std::size_t b) {
     return r;
 }
 
-std::size_t itemsize(DType t) { return t == DType::float64 ? 8 : t == DType::float32 ? 4 : 1; }
+std::size_t itemsize(DType t) {
+    switch (t) {
+        case DType::float64:
+        case DType::int64: return 8;
+        case DType::float32:
+        case DType::int32: return 4;
+        case DType::boolean:
+        case DType::uint8: return 1;
+    }
+    return 1;
+}
 
 // Recursive-descent parser of the header dict. Only the subset of Python literal syntax that the
 // three keys need: single- or double-quoted strings without escapes, True/False, tuples of
 // non-negative decimal integers. Spaces may separate tokens; trailing commas are allowed, as in Python.
 class HeaderParser {
 public:
-    explicit HeaderParser(std::string_view text) : s_(text) {}
+    HeaderParser(std::string_view text, Accept accept) : s_(text), accept_(accept) {}
 
     struct Result {
         DType dtype;
@@ -90,18 +100,22 @@ public:
         if (!fortran_order) fail("header lacks the key 'fortran_order'");
         if (!shape) fail("header lacks the key 'shape'");
         if (*fortran_order) fail("array is stored in Fortran order (fortran_order: True); only C order is supported");
-        return {parse_descr(*descr), std::move(*shape)};
+        return {parse_descr(*descr, accept_), std::move(*shape)};
     }
 
 private:
-    static DType parse_descr(const std::string& d) {
+    static DType parse_descr(const std::string& d, Accept accept) {
+        const bool integers = accept == Accept::with_integers;
         if (d == "<f4") return DType::float32;
         if (d == "<f8") return DType::float64;
         if (d == "|b1") return DType::boolean;
         if (d == "|u1") return DType::uint8;
+        if (integers && d == "<i4") return DType::int32;
+        if (integers && d == "<i8") return DType::int64;
+        const std::string supported = integers ? "'<f4', '<f8', '|b1', '|u1', '<i4', '<i8'" : "'<f4', '<f8', '|b1', '|u1'";
         if (!d.empty() && d[0] == '>')
-            fail("dtype '" + d + "' is big-endian; only little-endian '<f4', '<f8' and '|b1', '|u1' are supported");
-        fail("dtype '" + d + "' is not supported (supported: '<f4', '<f8', '|b1', '|u1')");
+            fail("dtype '" + d + "' is big-endian; only little-endian " + supported + " are supported");
+        fail("dtype '" + d + "' is not supported (supported: " + supported + ")");
     }
 
     char peek() const {
@@ -184,6 +198,7 @@ private:
     }
 
     std::string_view s_;
+    Accept accept_;
     std::size_t pos_ = 0;
 };
 
@@ -207,6 +222,8 @@ const char* dtype_name(DType t) noexcept {
         case DType::float64: return "float64";
         case DType::boolean: return "bool";
         case DType::uint8: return "uint8";
+        case DType::int32: return "int32";
+        case DType::int64: return "int64";
     }
     return "?";
 }
@@ -217,7 +234,7 @@ std::string shape_string(const std::vector<std::size_t>& shape) {
     return s.append("]");
 }
 
-Array parse(const std::uint8_t* data, std::size_t size) {
+Array parse(const std::uint8_t* data, std::size_t size, Accept accept) {
     if (size < sizeof magic || std::memcmp(data, magic, sizeof magic) != 0)
         fail("not a .npy file (missing the \\x93NUMPY magic string)");
     if (size < 8) fail("file ends inside the format version (" + std::to_string(size) + " bytes)");
@@ -245,7 +262,7 @@ Array parse(const std::uint8_t* data, std::size_t size) {
     const std::string_view header(reinterpret_cast<const char*>(data + prefix), header_len);
     if (header.back() != '\n') fail("header does not end with a newline");
 
-    HeaderParser::Result h = HeaderParser(header).parse();
+    HeaderParser::Result h = HeaderParser(header, accept).parse();
 
     // A zero dimension makes the array empty whatever the others are (NumPy's rule); otherwise the
     // product must fit in size_t.
@@ -287,11 +304,23 @@ Array parse(const std::uint8_t* data, std::size_t size) {
         case DType::uint8:
             a.bytes.assign(payload, payload + count);
             break;
+        case DType::int32:
+            a.integers.resize(count);
+            for (std::size_t i = 0; i < count; ++i) {
+                std::int32_t v;
+                std::memcpy(&v, payload + 4 * i, 4);
+                a.integers[i] = v;
+            }
+            break;
+        case DType::int64:
+            a.integers.resize(count);
+            if (count) std::memcpy(a.integers.data(), payload, *nbytes);
+            break;
     }
     return a;
 }
 
-Array load(const std::string& path) {
+Array load(const std::string& path, Accept accept) {
     std::error_code ec;
     const auto status = std::filesystem::status(path, ec);
     if (ec || !std::filesystem::exists(status)) fail(path + ": cannot open (no such file)");
@@ -306,7 +335,7 @@ Array load(const std::string& path) {
     std::fclose(f);
     if (read_error) fail(path + ": read error");
     try {
-        return parse(bytes.data(), bytes.size());
+        return parse(bytes.data(), bytes.size(), accept);
     } catch (const error& e) {
         fail(path + ": " + e.what());
     }

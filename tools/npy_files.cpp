@@ -10,7 +10,7 @@ namespace mha::tool {
 
 namespace fs = std::filesystem;
 
-std::optional<Input> load_input(const fs::path& dir, const std::string& file, bool required) {
+std::optional<Input> load_input(const fs::path& dir, const std::string& file, bool required, npy::Accept accept) {
     const fs::path path = dir / file;
     std::error_code ec;
     const bool exists = fs::exists(path, ec);
@@ -18,7 +18,7 @@ std::optional<Input> load_input(const fs::path& dir, const std::string& file, bo
         if (required) fail(path.string() + ": required input is missing");
         return std::nullopt;
     }
-    return Input{file, npy::load(path.string())};  // npy::load reports unreadable files itself
+    return Input{file, npy::load(path.string(), accept)};  // npy::load reports unreadable files itself
 }
 
 void require_float(const Input& in) {

@@ -26,8 +26,9 @@ struct Input {
 };
 
 // dir/file, or nullopt when it does not exist (a tool_error "<path>: required input is missing" when
-// required). npy::load reports unreadable files itself.
-std::optional<Input> load_input(const std::filesystem::path& dir, const std::string& file, bool required);
+// required). npy::load reports unreadable files itself; `accept` says which dtypes it takes.
+std::optional<Input> load_input(const std::filesystem::path& dir, const std::string& file, bool required,
+                                npy::Accept accept = npy::Accept::default_types);
 
 // A tool_error unless the file holds float32 or float64 values.
 void require_float(const Input& in);

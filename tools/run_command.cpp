@@ -18,8 +18,20 @@
 //   and output.npy [Lq, B, E]; masks and attn_weights.npy keep the shapes above, and unbatched [L, E] files
 //   are the same in both layouts. The arrays go to the library as strided views (row stride B·E, batch
 //   stride E) and the output is written in place in [Lq, B, E]: nothing is transposed.
+//   KV cache (incremental decoding), when past_key.npy / past_value.npy are in DIR or --chunk N is given:
+//     past_key.npy, past_value.npy [B, Hkv, Lp, d] (float; projected and rotated: Hugging Face's
+//     past_key_values; [Hkv, Lp, d] with an unbatched query), past_lengths.npy [B] ([] unbatched; int32 or
+//     int64; each <= Lp, default Lp): the query tokens continue those sequences. The tool builds a
+//     mha::KVCache(B, Hkv, d, capacity Lp + Lq), appends sequence b's first past_lengths[b] rows, then runs
+//     MultiheadAttention::forward with the cache: the new tokens are rotated at positions past_lengths[b] + i
+//     and attend causally (bottom-right) over past and new tokens. --chunk N feeds the query N tokens per
+//     call (with or without a past). Writes output.npy and present_key.npy / present_value.npy
+//     [B, Hkv, Lp + Lq, d] beside it: sequence b's first past_lengths[b] + Lq rows are its cache rows, the
+//     rest zeros. Self-attention only (no key.npy / value.npy), no masks, no --need-weights, no
+//     --position-offset, no --causal-bottom-right (--causal may be given: it is what happens anyway).
 // Order of work: load and check everything, compute, then write each file under a temporary name and
 // rename, so an error leaves no output file behind.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -73,6 +85,8 @@ void run_command(const RunOptions& opt) {
     const fs::path weights_path = out_path.parent_path() / "attn_weights.npy";
     if (opt.need_weights && out_path.lexically_normal() == weights_path.lexically_normal())
         fail("output " + out_path.string() + " would be overwritten by attn_weights.npy (--need-weights)");
+    const fs::path present_k_path = out_path.parent_path() / "present_key.npy";
+    const fs::path present_v_path = out_path.parent_path() / "present_value.npy";
 
     // --- load and check ----------------------------------------------------------------------
     // Where B and L sit in a batched [B, L, E] (or, with --seq-first, [L, B, E]) file.
@@ -109,6 +123,41 @@ void run_command(const RunOptions& opt) {
             if (!has)
                 fail((dir / file).string() + ": required input is missing (separate projections need q_proj_weight.npy, "
                                              "k_proj_weight.npy and v_proj_weight.npy)");
+
+    // The KV cache path: past_key.npy / past_value.npy (a past to continue) or --chunk.
+    const bool has_past_k = present("past_key.npy"), has_past_v = present("past_value.npy");
+    const bool has_past_len = present("past_lengths.npy");
+    if (has_past_k != has_past_v)
+        fail(std::string(has_past_k ? "past_key.npy is present but past_value.npy is missing"
+                                    : "past_value.npy is present but past_key.npy is missing") +
+             ": a past needs both (Hugging Face's past_key_values, [B, Hkv, Lp, d] each)");
+    if (has_past_len && !has_past_k)
+        fail("past_lengths.npy is present without past_key.npy and past_value.npy (it gives their valid lengths)");
+    const bool has_past = has_past_k;
+    const bool cached = has_past || opt.chunk.has_value();
+    if (cached) {
+        // What brought in the cache, for the messages.
+        const std::string why = has_past ? (opt.chunk ? "past_key.npy and --chunk" : "past_key.npy") : "--chunk";
+        for (const char* file : {"key.npy", "value.npy"})
+            if (present(file))
+                fail(std::string(file) + " is not taken with " + why +
+                     ": the KV cache path is self-attention, the query tokens are the new keys and values");
+        for (const char* file : {"key_padding_mask.npy", "attn_mask.npy"})
+            if (present(file))
+                fail(std::string(file) + " is not taken with " + why + ": no masks with a KV cache" +
+                     (has_past ? " (past_lengths.npy gives each sequence's valid past)" : ""));
+        if (opt.need_weights) fail("--need-weights is not available with " + why + ": the KV cache path computes no attention weights");
+        for (const fs::path& p : {present_k_path, present_v_path})
+            if (out_path.lexically_normal() == p.lexically_normal())
+                fail("output " + out_path.string() + " would be overwritten by " + p.filename().string() + " (written beside it with " +
+                     why + ")");
+        if (opt.causal_alignment == CausalAlignment::bottom_right)
+            fail("--causal-bottom-right does not apply with " + why +
+                 ": the new tokens attend causally over each sequence's past and themselves anyway (--causal may be given)" );
+        if (opt.position_offset)
+            fail("--position-offset does not apply with " + why + ": the new tokens' rotary positions continue each sequence" +
+                 (has_past ? " (past_lengths[b] + i)" : " (0, 1, ...)"));
+    }
 
     // key [B, Lk, kdim], value [B, Lk, vdim]; the packed projections need kdim = vdim = E.
     const std::optional<Input> key = load_input(dir, "key.npy", false);
@@ -230,6 +279,58 @@ void run_command(const RunOptions& opt) {
                  str(Lk) + "]");
     }
 
+    // The past: past_key.npy / past_value.npy [B, Hkv, Lp, d] ([Hkv, Lp, d] unbatched), past_lengths.npy [B] ([]).
+    std::optional<Input> past_k, past_v, past_len;
+    std::size_t Lp = 0;
+    std::vector<std::size_t> lengths;  // each sequence's valid past (with past_key.npy)
+    if (has_past) {
+        const std::string layout = batched ? "[B, Hkv, Lp, d]" : "[Hkv, Lp, d] (unbatched query)";
+        const std::size_t axis = batched ? 1 : 0;  // Hkv's axis
+        past_k = load_input(dir, "past_key.npy", true);
+        require_float(*past_k);
+        const auto& s = past_k->shape();
+        if (s.size() != (batched ? 4u : 3u))
+            fail("past_key.npy has shape " + past_k->shape_str() + " but must be " + layout +
+                 " (Hugging Face's past_key_values layout: projected and rotated keys)");
+        if (batched && s[0] != B)
+            fail("past_key.npy has batch " + str(s[0]) + " (shape " + past_k->shape_str() + " = [B, Hkv, Lp, d]) but query.npy has B = " +
+                 str(B) + " (shape " + query.shape_str() + ")");
+        if (s[axis] != Hkv)
+            fail("past_key.npy has " + str(s[axis]) + " KV heads (shape " + past_k->shape_str() + " = " + layout + ") but --kv-heads " +
+                 (opt.kv_heads ? "is " + str(Hkv) : "defaults to --heads " + str(Hkv)));
+        if (s.back() != d)
+            fail("past_key.npy has head dim " + str(s.back()) + " (shape " + past_k->shape_str() + " = " + layout +
+                 ") but the layer's head dim is " + str(d) + " (" + d_source + ")");
+        Lp = s[axis + 1];
+        past_v = load_input(dir, "past_value.npy", true);
+        require_float(*past_v);
+        if (past_v->shape() != s)
+            fail("past_value.npy has shape " + past_v->shape_str() + " but past_key.npy has shape " + past_k->shape_str() +
+                 "; they must be equal");
+        lengths.assign(B, Lp);
+        past_len = load_input(dir, "past_lengths.npy", false, npy::Accept::with_integers);
+        if (past_len) {
+            const npy::DType t = past_len->array.dtype;
+            if (t != npy::DType::int32 && t != npy::DType::int64)
+                fail(std::string("past_lengths.npy has dtype ") + npy::dtype_name(t) + " but must be int32 or int64");
+            const std::vector<std::size_t> want = batched ? std::vector<std::size_t>{B} : std::vector<std::size_t>{};
+            if (past_len->shape() != want)
+                fail("past_lengths.npy has shape " + past_len->shape_str() + " but must be " +
+                     (batched ? "[B] = " + npy::shape_string(want) + " (B from query.npy)" : std::string("[] (a 0-d array: the query is unbatched)")));
+            for (std::size_t b = 0; b < B; ++b) {
+                const std::int64_t n = past_len->array.integers[b];
+                const std::string at = batched ? "past_lengths.npy[" + str(b) + "]" : std::string("past_lengths.npy");
+                if (n < 0) fail(at + " is " + std::to_string(n) + " but a length must be >= 0");
+                if (static_cast<std::uint64_t>(n) > Lp)
+                    fail(at + " is " + std::to_string(n) + " but past_key.npy holds Lp = " + str(Lp) + " tokens per sequence (shape " +
+                         past_k->shape_str() + ")");
+                lengths[b] = static_cast<std::size_t>(n);
+            }
+        }
+    }
+    std::size_t capacity = 0;  // Lp + Lq: the present_*.npy rows
+    if (cached && __builtin_add_overflow(Lp, Lq, &capacity)) fail("the KV cache's capacity Lp + Lq overflows size_t");
+
     // --- compute (the library validates the rest, e.g. H % Hkv or the rotary dims, and throws
     // mha::invalid_argument) ---
     AttentionWeights weights;
@@ -281,20 +382,68 @@ void run_command(const RunOptions& opt) {
     outputs.attn_weights = opt.need_weights ? attn_weights.data() : nullptr;
 
     ForwardOptions fo;
-    fo.causal = opt.causal;
-    fo.causal_alignment = opt.causal_alignment;
-    fo.position_offset = opt.position_offset;
     fo.need_weights = opt.need_weights ? NeedWeights::averaged : NeedWeights::none;
     fo.norm_eps = opt.norm_eps;
     fo.backend = opt.backend;
     fo.threads = opt.threads;
     fo.impl = opt.impl;
-    attention.forward(inputs, outputs, fo);
+    std::vector<float> present_k, present_v;
+    if (!cached) {
+        fo.causal = opt.causal;
+        fo.causal_alignment = opt.causal_alignment;
+        fo.position_offset = opt.position_offset.value_or(0);
+        attention.forward(inputs, outputs, fo);
+    } else {
+        // The past in a cache of capacity Lp + Lq, then the query in calls of --chunk tokens (one call without).
+        KVCache cache(B, Hkv, d, capacity);
+        const std::size_t past_head = Lp * d, past_batch = Hkv * past_head;  // strides in past_*.npy
+        for (std::size_t b = 0; b < B; ++b) {
+            const std::size_t off = b * past_batch;
+            const std::size_t n = has_past ? lengths[b] : 0;
+            const ConstHeads k(has_past ? past_k->floats() + off : nullptr, 1, Hkv, n, d, past_batch, past_head, d);
+            const ConstHeads v(has_past ? past_v->floats() + off : nullptr, 1, Hkv, n, d, past_batch, past_head, d);
+            cache.append(b, k, v);
+        }
+        // Rows start.. of every sequence: [B, n, E] views of the query and the output (either layout).
+        const std::size_t row_stride = opt.seq_first ? B * E : E, batch_stride = opt.seq_first ? E : Lq * E;
+        const std::size_t step = opt.chunk.value_or(Lq);
+        std::size_t start = 0;
+        do {  // at least one call, so that the library judges an empty query too
+            const std::size_t n = std::min(step, Lq - start);
+            AttentionInputs chunk_in;
+            chunk_in.query = ConstBatch(query.floats() + start * row_stride, B, n, E, row_stride, batch_stride);
+            AttentionOutputs chunk_out;
+            chunk_out.output = Batch(output.data() + start * row_stride, B, n, E, row_stride, batch_stride);
+            attention.forward(chunk_in, chunk_out, fo, cache);
+            start += n;
+        } while (start < Lq);
+        // present_*: [B, Hkv, Lp + Lq, d], each sequence's cache rows, then zeros.
+        const std::size_t count = checked_mul(checked_mul(checked_mul(B, Hkv, "B·Hkv"), capacity, "present_key.npy's rows"), d,
+                                            "present_key.npy's size");
+        present_k.assign(count, 0.0f);
+        present_v.assign(count, 0.0f);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                const ConstMatrix k = cache.keys(b, h), v = cache.values(b, h);
+                float* pk = present_k.data() + (b * Hkv + h) * capacity * d;
+                float* pv = present_v.data() + (b * Hkv + h) * capacity * d;
+                for (std::size_t i = 0; i < k.rows; ++i) {
+                    std::copy(k.row(i), k.row(i) + d, pk + i * d);
+                    std::copy(v.row(i), v.row(i) + d, pv + i * d);
+                }
+            }
+    }
 
     // --- write -----------------------------------------------------------------------------------
     const std::vector<std::size_t> weights_shape = batched ? std::vector<std::size_t>{B, Lq, Lk} : std::vector<std::size_t>{Lq, Lk};
+    const std::vector<std::size_t> present_shape =
+        batched ? std::vector<std::size_t>{B, Hkv, capacity, d} : std::vector<std::size_t>{Hkv, capacity, d};
     std::vector<OutputFile> files{{out_path, &output, query.shape()}};
     if (opt.need_weights) files.push_back({weights_path, &attn_weights, weights_shape});
+    if (cached) {
+        files.push_back({present_k_path, &present_k, present_shape});
+        files.push_back({present_v_path, &present_v, present_shape});
+    }
     write_outputs(files);
 }
 
