@@ -132,7 +132,7 @@ CoreExpected core_double(const CoreInput& in) {
     return ex;
 }
 
-SdpaExpected sdpa_double(const mha::SdpaInputs& in, float scale, bool causal, mha::CausalAlignment alignment) {
+SdpaExpected sdpa_double(const mha::SdpaInputs& in, double scale, bool causal, mha::CausalAlignment alignment) {
     CoreInput c;
     c.B = in.query.batch, c.H = in.query.heads, c.Hkv = in.key.heads, c.Lq = in.query.rows, c.Lk = in.key.rows;
     c.d = in.query.dim;

@@ -53,12 +53,13 @@ struct CoreExpected {
 
 CoreExpected core_double(const CoreInput& in);
 
-// The SDPA target's expectation from the library's own views (exact float inputs): out [B, H, Lq, d] and
+// The SDPA target's expectation from the library's own views (exact float inputs; scale: the float given, or
+// 1/√d exactly for the default, whose float rounding the bound covers): out [B, H, Lq, d] and
 // out_tol (c·bound + the underflow term) contiguous.
 struct SdpaExpected {
     std::vector<double> out, out_tol;
 };
-SdpaExpected sdpa_double(const mha::SdpaInputs& in, float scale, bool causal, mha::CausalAlignment alignment);
+SdpaExpected sdpa_double(const mha::SdpaInputs& in, double scale, bool causal, mha::CausalAlignment alignment);
 
 // A decoder layer with contiguous weights and inputs.
 struct LayerProblem {
