@@ -8,8 +8,9 @@
 //            or per projection (each present or absent), RoPE off / half / interleaved with rotary dims d
 //            or fewer and several thetas, a position_offset (0, small, 2^20 ± 64, < 2^32, or the last
 //            start before 2^53) or per-sequence positions, causal top-left or bottom-right with Lq != Lk
-//            (the alignment also moves the RoPE query positions); the oracle is decoder_oracle.hpp's
-//            layer_double (same bound construction, extended by the RoPE rotation and GQA).
+//            (the alignment also moves the RoPE query positions), cross-attention key / value rows that the
+//            key padding mask hides sometimes NaN or ±inf (they must not reach any output); the oracle is
+//            decoder_oracle.hpp's layer_double (same bound construction, extended by RoPE and GQA).
 //
 // Valid problems: both backends must match the double-precision oracle within its propagated first-order
 // error bound, times 2 (so simd and scalar agree within twice that); every output element and every
@@ -142,6 +143,7 @@ struct Case {
     mha::Impl impl = mha::Impl::automatic;
     int threads_a = 0, threads_b = 1;
     bool workspace_b = false;  // the threads_b run in a caller's Workspace
+    int poison = 0;            // decoder cross-attention: key / value rows the key padding mask hides are NaN, +inf, -inf
     Corruption corruption = Corruption::none;
     int corruption_detail = 0;
 };
@@ -401,6 +403,8 @@ Case decode_decoder(FuzzedDataProvider& in) {
     c.threads_a = in.ConsumeIntegralInRange<int>(0, 4);
     c.threads_b = in.ConsumeIntegralInRange<int>(1, 3);
     c.workspace_b = in.ConsumeBool();
+    c.poison = c.kv_mode == 1 ? in.ConsumeIntegralInRange<int>(0, 5) : 0;  // 1..3 (a masked key never contributes)
+    if (c.poison > 3) c.poison = 0;
 
     std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
     auto uniform = [&](std::size_t n, float r) {
@@ -434,6 +438,18 @@ Case decode_decoder(FuzzedDataProvider& in) {
         p.attn_mask = make_mask(am_kind == 1, {p.Lq, p.Lk}, density, inf_density, mask_range, rng);
     if (am_kind == 2 || am_kind == 4)
         p.attn_mask = make_mask(am_kind == 2, {p.B * p.H, p.Lq, p.Lk}, density, inf_density, mask_range, rng);
+    if (c.poison && p.key_padding_mask.present()) {
+        // The key and value input rows of keys the key padding mask hides (their projections are then NaN or
+        // ±inf): they must not reach any output (mha/attention.hpp's masked-key rule).
+        const float bad[] = {0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity()};
+        for (std::size_t b = 0; b < p.B; ++b)
+            for (std::size_t j = 0; j < p.Lk; ++j)
+                if (p.key_padding_mask.at(b * p.Lk + j) == -INFINITY) {
+                    std::fill_n(&p.key[(b * p.Lk + j) * p.kdim], p.kdim, bad[c.poison]);
+                    std::fill_n(&p.value[(b * p.Lk + j) * p.vdim], p.vdim, bad[c.poison]);
+                }
+    }
     if (norm_kind >= 2) {
         static constexpr float eps[] = {1e-5f, 1e-3f, 1e-12f};
         p.norm_eps = eps[norm_kind - 2];
@@ -868,12 +884,12 @@ void print_case(const Case& c) {
     std::fprintf(stderr,
                  "case: %s isa %s B %zu Lq %zu Lk %zu E %zu H %zu kv_mode %d pads q %zu/%zu k %zu/%zu v %zu/%zu o %zu/%zu "
                  "null biases %d/%d kpm %d am %d/rank %d causal %d need %d norm %s impl %d threads %d/%d workspace %d "
-                 "corruption %d/%d\n",
+                 "poison %d corruption %d/%d\n",
                  c.decoder ? "decoder" : "classic", std::string(mha::isa_name(mha::active_isa())).c_str(), p.B, p.Lq, p.Lk,
                  p.E, p.H, c.kv_mode, c.pad[0][0], c.pad[0][1], c.pad[1][0], c.pad[1][1], c.pad[2][0], c.pad[2][1],
                  c.pad[3][0], c.pad[3][1], c.null_in_bias, c.null_out_bias, int(p.key_padding_mask.type),
                  int(p.attn_mask.type), p.attn_mask.rank, p.causal, int(c.need), eps, int(c.impl), c.threads_a,
-                 c.threads_b, c.workspace_b, int(c.corruption), c.corruption_detail);
+                 c.threads_b, c.workspace_b, c.poison, int(c.corruption), c.corruption_detail);
     if (!c.decoder) return;
     std::string positions;
     for (std::size_t s : p.positions) positions += " " + std::to_string(s);
