@@ -638,7 +638,8 @@ struct Call {
                 }
                 break;
             case Corruption::value_length:
-                in.value = in.key.data ? in.key : in.query;
+                // Decoder layers keep a value view of their own (vdim may differ from kdim and E).
+                if (!(c.decoder && in.value.data)) in.value = in.key.data ? in.key : in.query;
                 in.value.rows += 1;
                 break;
             case Corruption::output_shape:
@@ -780,7 +781,8 @@ void check_invalid(const Case& c, const mha::MultiheadAttention& attention, mha:
     };
     try {
         call.run(attention);
-    } catch (const mha::invalid_argument&) {
+    } catch (const mha::invalid_argument& e) {
+        if (std::getenv("MHA_FUZZ_VERBOSE")) std::fprintf(stderr, "rejected: %s\n", e.what());
         if (!unchanged(call.output->buf, output_before) || !unchanged(call.weights, weights_before) ||
             !unchanged(call.arena, arena_before))
             fail("forward threw but wrote to the outputs first (corruption " + std::to_string(int(c.corruption)) + ")");
@@ -868,7 +870,8 @@ void check_constructor_rejects(const Case& c) {
     }
     try {
         const mha::MultiheadAttention attention(w, cfg);
-    } catch (const mha::invalid_argument&) {
+    } catch (const mha::invalid_argument& e) {
+        if (std::getenv("MHA_FUZZ_VERBOSE")) std::fprintf(stderr, "rejected: %s\n", e.what());
         return;
     }
     fail("constructor accepted an invalid configuration (corruption " + std::to_string(int(c.corruption)) + "/" +

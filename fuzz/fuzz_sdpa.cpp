@@ -543,7 +543,8 @@ void check_invalid(const Case& c, mha::Backend backend) {
     };
     try {
         call.run();
-    } catch (const mha::invalid_argument&) {
+    } catch (const mha::invalid_argument& e) {
+        if (std::getenv("MHA_FUZZ_VERBOSE")) std::fprintf(stderr, "rejected: %s\n", e.what());
         if (!unchanged(call.obuf, out_before) || !unchanged(call.arena, arena_before))
             fail("scaled_dot_product_attention threw but wrote first (corruption " + std::to_string(int(c.corruption)) + "/" +
                  std::to_string(c.corruption_detail) + ")");
