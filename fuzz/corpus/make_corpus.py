@@ -6,6 +6,7 @@
                           the data).
   fuzz/corpus/attention/  byte strings for fuzz_attention: all-zero, all-0xff and seeded random inputs of
                           several lengths (the target decodes options from them; any bytes are valid).
+  fuzz/corpus/sdpa/       the same kind of byte strings for fuzz_sdpa (another seed).
 Needs python3-numpy. Usage: /usr/bin/python3 fuzz/corpus/make_corpus.py
 """
 import io
@@ -66,6 +67,13 @@ def main():
     gen = random.Random(4321)
     for i, length in enumerate([16, 32, 48, 64, 96, 128]):
         write(attention, "random_%d_%d" % (i, length), bytes(gen.randrange(256) for _ in range(length)))
+
+    sdpa = os.path.join(here, "sdpa")
+    write(sdpa, "zeros_64", bytes(64))
+    write(sdpa, "ones_64", b"\xff" * 64)
+    gen = random.Random(8642)
+    for i, length in enumerate([16, 32, 48, 64, 96, 128]):
+        write(sdpa, "random_%d_%d" % (i, length), bytes(gen.randrange(256) for _ in range(length)))
 
 
 if __name__ == "__main__":
