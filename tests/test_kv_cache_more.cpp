@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -175,60 +176,69 @@ TEST(KvCacheMore, AnyChunkingEqualsOneCausalForward) {
 // ---------------------------------------------------------------------------------------------------
 // Ragged batches.
 
-// Sequences with prefixes of 0, 1, 5 and capacity − Lq cached rows (loaded with append) decode Lq tokens together,
-// and each alone in a batch-1 cache with the same prefix: the same outputs within the bound, the same appended
-// rows, each sequence's length advanced by Lq. capacity 600 puts the longest over two splits of 512.
+// Sequences with prefixes of 0, 1, 5 and capacity − Lq cached rows (loaded with append) take Lq tokens together,
+// and each alone in a batch-1 cache with the same prefix: the same outputs within the bound (and each within the
+// bound of the double evaluation), the same appended rows, each sequence's length advanced by Lq. capacity 600
+// puts the longest over two splits of 512. Lq = 1 and 3 run the few-token projections and the decode path; Lq = 40
+// (B·Lq = 160 tokens) the row-block projections and, with G = 4, the grouped path, with G = 1 the materialized
+// one: each with its per-sequence key lengths and bottom-right causal edge.
 TEST(KvCacheMore, RaggedBatchDecodedTogetherEqualsEachAlone) {
-    const DecoderLayer layer(64, 8, 2, 32, rope(mha::RopeStyle::interleaved), true, false, 300);
-    const mha::MultiheadAttention m = layer.make();
-    const std::size_t E = 64, Hkv = 2, d = 32, cap = 600;
-    for (std::size_t Lq : {1, 3}) {
-        SCOPED_TRACE(::testing::Message() << "Lq " << Lq);
-        const std::vector<std::size_t> lengths = {0, 1, 5, cap - Lq};
-        const std::size_t B = lengths.size();
-        std::vector<std::vector<float>> pk, pv;
-        for (std::size_t b = 0; b < B; ++b) {
-            pk.push_back(mha_decode_test::uniform(Hkv * lengths[b] * d, 2.0f, 310 + std::uint32_t(b)));
-            pv.push_back(mha_decode_test::uniform(Hkv * lengths[b] * d, 1.0f, 320 + std::uint32_t(b)));
-        }
-        auto load = [&](mha::KVCache& c, std::size_t slot, std::size_t b) {
-            if (lengths[b] > 0)
-                c.append(slot, mha::ConstHeads::bhld(pk[b].data(), 1, Hkv, lengths[b], d), mha::ConstHeads::bhld(pv[b].data(), 1, Hkv, lengths[b], d));
-        };
-        const std::vector<float> x = mha_decode_test::uniform(B * Lq * E, 1.0f, 330);
-        mha::KVCache before = mha_decode_test::filled_cache(B, Hkv, d, cap);
-        for (std::size_t b = 0; b < B; ++b) load(before, b, b);
-        const mha_decode_test::StepExpected ex = mha_decode_test::step_double(layer.ref(), x.data(), B, Lq, &before);
-        const std::vector<double> tol = mha_test::backend_difference_bound(ex.out_err);
-        each_backend([&](mha::Backend backend) {
-            mha::KVCache together = mha_decode_test::filled_cache(B, Hkv, d, cap);
-            for (std::size_t b = 0; b < B; ++b) load(together, b, b);
-            std::vector<float> out_together = feed(m, x, B, Lq, 0, Lq, together, options(backend));
-            std::vector<float> out_alone(B * Lq * E);
+    const std::size_t E = 64, d = 32, cap = 600;
+    for (std::size_t Hkv : {2, 8}) {
+        const DecoderLayer layer(E, 8, Hkv, d, rope(mha::RopeStyle::interleaved), true, false, 300 + std::uint32_t(Hkv));
+        const mha::MultiheadAttention m = layer.make();
+        for (std::size_t Lq : {1, 3, 40}) {
+            SCOPED_TRACE(::testing::Message() << "Hkv " << Hkv << ", Lq " << Lq);
+            const std::vector<std::size_t> lengths = {0, 1, 5, cap - Lq};
+            const std::size_t B = lengths.size();
+            std::vector<std::vector<float>> pk, pv;
+            const std::vector<float> mean = mha_decode_test::uniform(Hkv * d, 1.0f, 305);  // values with a mean (see test_decode.cpp)
             for (std::size_t b = 0; b < B; ++b) {
-                mha::KVCache alone = mha_decode_test::filled_cache(1, Hkv, d, cap);
-                load(alone, 0, b);
-                const std::vector<float> xb(x.begin() + std::ptrdiff_t(b * Lq * E), x.begin() + std::ptrdiff_t((b + 1) * Lq * E));
-                const std::vector<float> ob = feed(m, xb, 1, Lq, 0, Lq, alone, options(backend));
-                std::copy(ob.begin(), ob.end(), out_alone.begin() + std::ptrdiff_t(b * Lq * E));
-                ASSERT_EQ(alone.length(0), lengths[b] + Lq);
-                ASSERT_EQ(together.length(b), lengths[b] + Lq);
-                for (std::size_t h = 0; h < Hkv; ++h)
-                    for (bool values : {false, true}) {
-                        const mha::ConstMatrix a = values ? alone.values(0, h) : alone.keys(0, h);
-                        const mha::ConstMatrix t = values ? together.values(b, h) : together.keys(b, h);
-                        for (std::size_t i = 0; i < lengths[b] + Lq; ++i)
-                            for (std::size_t c = 0; c < d; ++c) {
-                                const double bound = i < lengths[b] ? 0.0
-                                                                    : 2 * mha_test::kDecoderSafety *
-                                                                          (values ? ex.v.err : ex.k.err)[ex.k.at(b, h, i - lengths[b], c)];
-                                ASSERT_LE(std::abs(double(a(i, c)) - double(t(i, c))), bound) << "b " << b << " h " << h << " row " << i;
-                            }
-                    }
+                pk.push_back(mha_decode_test::uniform(Hkv * lengths[b] * d, 2.0f, 310 + std::uint32_t(b)));
+                pv.push_back(mha_decode_test::uniform(Hkv * lengths[b] * d, 0.5f, 320 + std::uint32_t(b)));
+                for (std::size_t n = 0; n < pv[b].size(); ++n) pv[b][n] += mean[(n / (lengths[b] * d)) * d + n % d];
             }
-            ASSERT_TRUE(mha_test::all_within(out_together, ex.out, times(ex.out_err, mha_test::kDecoderSafety))) << "together vs double";
-            ASSERT_TRUE(mha_test::all_within(out_together, as_double(out_alone), tol)) << "together vs each alone";
-        });
+            auto load = [&](mha::KVCache& c, std::size_t slot, std::size_t b) {
+                if (lengths[b] > 0)
+                    c.append(slot, mha::ConstHeads::bhld(pk[b].data(), 1, Hkv, lengths[b], d), mha::ConstHeads::bhld(pv[b].data(), 1, Hkv, lengths[b], d));
+            };
+            const std::vector<float> x = mha_decode_test::uniform(B * Lq * E, 1.0f, 330);
+            mha::KVCache before = mha_decode_test::filled_cache(B, Hkv, d, cap);
+            for (std::size_t b = 0; b < B; ++b) load(before, b, b);
+            const mha_decode_test::StepExpected ex = mha_decode_test::step_double(layer.ref(), x.data(), B, Lq, &before);
+            const std::vector<double> tol = mha_test::backend_difference_bound(ex.out_err);
+            ASSERT_LT(mha_test::relative_tolerance(ex.out, tol), kMaxRelativeBound) << "bound too loose to catch anything";
+            each_backend([&](mha::Backend backend) {
+                mha::KVCache together = mha_decode_test::filled_cache(B, Hkv, d, cap);
+                for (std::size_t b = 0; b < B; ++b) load(together, b, b);
+                std::vector<float> out_together = feed(m, x, B, Lq, 0, Lq, together, options(backend));
+                std::vector<float> out_alone(B * Lq * E);
+                for (std::size_t b = 0; b < B; ++b) {
+                    mha::KVCache alone = mha_decode_test::filled_cache(1, Hkv, d, cap);
+                    load(alone, 0, b);
+                    const std::vector<float> xb(x.begin() + std::ptrdiff_t(b * Lq * E), x.begin() + std::ptrdiff_t((b + 1) * Lq * E));
+                    const std::vector<float> ob = feed(m, xb, 1, Lq, 0, Lq, alone, options(backend));
+                    std::copy(ob.begin(), ob.end(), out_alone.begin() + std::ptrdiff_t(b * Lq * E));
+                    ASSERT_EQ(alone.length(0), lengths[b] + Lq);
+                    ASSERT_EQ(together.length(b), lengths[b] + Lq);
+                    for (std::size_t h = 0; h < Hkv; ++h)
+                        for (bool values : {false, true}) {
+                            const mha::ConstMatrix a = values ? alone.values(0, h) : alone.keys(0, h);
+                            const mha::ConstMatrix t = values ? together.values(b, h) : together.keys(b, h);
+                            for (std::size_t i = 0; i < lengths[b] + Lq; ++i)
+                                for (std::size_t c = 0; c < d; ++c) {
+                                    const double bound = i < lengths[b] ? 0.0
+                                                                        : 2 * mha_test::kDecoderSafety *
+                                                                              (values ? ex.v.err : ex.k.err)[ex.k.at(b, h, i - lengths[b], c)];
+                                    ASSERT_LE(std::abs(double(a(i, c)) - double(t(i, c))), bound) << "b " << b << " h " << h << " row " << i;
+                                }
+                        }
+                }
+                ASSERT_TRUE(mha_test::all_within(out_together, ex.out, times(ex.out_err, mha_test::kDecoderSafety))) << "together vs double";
+                ASSERT_TRUE(mha_test::all_within(out_alone, ex.out, times(ex.out_err, mha_test::kDecoderSafety))) << "alone vs double";
+                ASSERT_TRUE(mha_test::all_within(out_together, as_double(out_alone), tol)) << "together vs each alone";
+            });
+        }
     }
 }
 
@@ -467,6 +477,102 @@ TEST(KvCacheMore, AppendExternalKeysValuesThenForward) {
     }
     c.append(1, mha::ConstHeads::bhld(k.data(), 1, Hkv, 0, d), mha::ConstHeads::bhld(k.data(), 1, Hkv, 0, d));  // nothing
     EXPECT_TRUE(CacheSnapshot(c) == before);
+}
+
+// An output whose rows are padded (row stride E + 5, batch stride 3 more): only the E values of each row are
+// written, and they are the contiguous call's bits (a decode step, and a 40-token chunk on the row path).
+TEST(KvCacheMore, OutputIntoPaddedRows) {
+    const DecoderLayer layer(64, 8, 2, 16, rope(mha::RopeStyle::half), true, true, 1100);
+    const mha::MultiheadAttention m = layer.make();
+    const std::size_t B = 2, L = 50, E = 64, rs = E + 5;
+    const std::vector<float> x = mha_decode_test::uniform(B * L * E, 1.0f, 1101);
+    each_backend([&](mha::Backend backend) {
+        const mha::ForwardOptions o = options(backend, 1e-5f);
+        for (std::size_t Lq : {1, 40}) {
+            SCOPED_TRACE(::testing::Message() << "Lq " << Lq);
+            mha::KVCache a = mha_decode_test::filled_cache(B, 2, 16, L), c = mha_decode_test::filled_cache(B, 2, 16, L);
+            (void)feed(m, x, B, L, 0, 7, a, o);
+            (void)feed(m, x, B, L, 0, 7, c, o);
+            const std::vector<float> want = feed(m, x, B, L, 7, Lq, a, o);
+            const std::size_t bs = Lq * rs + 3;
+            std::vector<float> padded(B * bs, kSentinel);
+            mha::AttentionInputs in;
+            in.query = mha::ConstBatch(x.data() + 7 * E, B, Lq, E, E, L * E);
+            m.forward(in, {mha::Batch(padded.data(), B, Lq, E, rs, bs)}, o, c);
+            for (std::size_t b = 0; b < B; ++b)
+                for (std::size_t t = 0; t < bs; ++t) {
+                    const std::size_t i = t / rs, e = t % rs;
+                    const float got = padded[b * bs + t];
+                    if (i < Lq && e < E) ASSERT_EQ(got, want[(b * Lq + i) * E + e]) << b << " " << i << " " << e;
+                    else ASSERT_EQ(got, kSentinel) << "padding written at " << b << " " << t;
+                }
+            EXPECT_TRUE(CacheSnapshot(a) == CacheSnapshot(c));
+        }
+    });
+}
+
+// A cache keeps working after a move (constructor and assignment): the moved-to cache continues the sequence
+// with the same bits; the moved-from one is empty and refused.
+TEST(KvCacheMore, MovedCacheContinues) {
+    const DecoderLayer layer(64, 8, 2, 16, rope(mha::RopeStyle::half), false, false, 1200);
+    const mha::MultiheadAttention m = layer.make();
+    const std::size_t B = 2, L = 12;
+    const std::vector<float> x = mha_decode_test::uniform(B * L * 64, 1.0f, 1201);
+    each_backend([&](mha::Backend backend) {
+        const mha::ForwardOptions o = options(backend);
+        mha::KVCache ref = mha_decode_test::filled_cache(B, 2, 16, L), first = mha_decode_test::filled_cache(B, 2, 16, L);
+        (void)feed(m, x, B, L, 0, 5, ref, o);
+        (void)feed(m, x, B, L, 0, 5, first, o);
+        mha::KVCache second(std::move(first));
+        EXPECT_EQ(first.batch(), 0u);
+        EXPECT_EQ(second.lengths(), (std::vector<std::size_t>{5, 5}));
+        const std::vector<float> want = feed(m, x, B, L, 5, 2, ref, o);
+        EXPECT_TRUE(same_bits(feed(m, x, B, L, 5, 2, second, o), want));
+        mha::KVCache third(1, 1, 1, 1);
+        third = std::move(second);
+        EXPECT_EQ(second.batch(), 0u);
+        EXPECT_EQ(third.capacity(), L);
+        EXPECT_TRUE(same_bits(feed(m, x, B, L, 7, 1, third, o), feed(m, x, B, L, 7, 1, ref, o)));
+        EXPECT_THROW((void)feed(m, x, B, L, 8, 1, second, o), mha::invalid_argument);
+    });
+}
+
+// Construction: zero dimensions and sizes past the address space are refused; the views describe the storage.
+TEST(KvCacheMore, ConstructionAndViews) {
+    for (const auto& dims : {std::vector<std::size_t>{0, 2, 16, 8}, {2, 0, 16, 8}, {2, 2, 0, 8}, {2, 2, 16, 0}}) {
+        try {
+            mha::KVCache c(dims[0], dims[1], dims[2], dims[3]);
+            ADD_FAILURE() << "a zero dimension was taken";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("KVCache dimensions must be non-zero"), std::string::npos) << e.what();
+        }
+    }
+    const std::size_t big = std::size_t(1) << 20;
+    EXPECT_THROW(mha::KVCache(big, big, big, big), mha::invalid_argument);
+    EXPECT_THROW(mha::KVCache(1, 1, big * big, big), mha::invalid_argument);
+    const mha::KVCache c(3, 2, 16, 10);
+    EXPECT_EQ(c.batch(), 3u);
+    EXPECT_EQ(c.kv_heads(), 2u);
+    EXPECT_EQ(c.head_dim(), 16u);
+    EXPECT_EQ(c.capacity(), 10u);
+    EXPECT_EQ(c.bytes(), 2u * 3 * 2 * 10 * 16 * sizeof(float));
+    EXPECT_EQ(c.lengths(), (std::vector<std::size_t>{0, 0, 0}));
+    const mha::ConstHeads k = c.keys(), v = c.values();
+    EXPECT_EQ(k.batch, 3u);
+    EXPECT_EQ(k.heads, 2u);
+    EXPECT_EQ(k.rows, 10u);
+    EXPECT_EQ(k.dim, 16u);
+    EXPECT_EQ(k.row_stride, 16u);
+    EXPECT_EQ(k.head_stride, 160u);
+    EXPECT_EQ(k.batch_stride, 320u);
+    EXPECT_EQ(v.batch_stride, 320u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(k.data) % 64, 0u) << "keys 64-byte aligned";
+    EXPECT_EQ(c.keys(2, 1).rows, 0u);
+    EXPECT_EQ(c.keys(2, 1).data, k.data + 2 * 320 + 160);
+    EXPECT_EQ(c.values(1, 0).data, v.data + 320);
+    const mha::KVCache empty;
+    EXPECT_EQ(empty.batch(), 0u);
+    EXPECT_EQ(empty.bytes(), 0u);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ F._scaled_dot_product_attention where the public one is missing). Files and args
 above write_decoder_cases and tests/data/README.md. Each is checked against NumPy float64 loops (KV head
 h // G without repeating, RoPE as complex rotations) to 1e-12.
 
+KV-cache generation cases (issue 13) go to tests/data/kv_cache/<case>/: the Llama-style layer run as a generating
+model runs it (a prompt in one causal pass, then tokens one at a time against Hugging Face-style past_key_values),
+with every token's output and the final cache (present_key / present_value); see the comment above
+write_kv_cache_cases and tests/data/README.md.
+
 usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
 """
 import json
