@@ -9,7 +9,8 @@
 //   - NaN in masked keys' K and V rows (a padded split, a partly padded tile, an attn_mask entry for one
 //     head of a group, keys hidden by causal) never reaches the output;
 //   - the same through MultiheadAttention::forward with a KVCache (a ragged batch whose longer sequence
-//     crosses the edges, RoPE at positions length(b) + i, biases): outputs, and the rows appended;
+//     crosses the edges, RoPE at positions length(b) + i, biases): outputs, and the rows appended; every Impl
+//     with a cache; a NaN token in a call hidden (causal) from the tokens before it;
 //   - bitwise identical results for threads 1, 2 and 3 (tbb::global_control lifted to 3);
 //   - detail::kv_rows_read(): a decode call reads each visible K and V row once per group, 2·B·Hkv·keys.
 // Every SIMD check runs on each ISA this CPU has (mha_test::for_each_cpu_isa).
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -546,6 +548,82 @@ TEST(DecodeLayer, ReadsEachCachedRowOncePerGroup) {
             EXPECT_EQ(mha::detail::kv_rows_read() - before, 2u * Hkv * (601 + 1 + 1024)) << "Hkv " << Hkv;
         }
     });
+}
+
+// Every Impl with a cache: materialized (per query head, 64 rows) and fused (grouped, or the decode path for few
+// queries) take the per-sequence key lengths too. A ragged batch (one sequence empty before the call) with
+// Lq = 1, 4 and 40, against the double evaluation, on every ISA.
+TEST(DecodeLayer, EveryImplWithACache) {
+    for (std::size_t Lq : {1, 4, 40}) {
+        const CacheStep s(DecoderLayer(96, 8, 2, 64, rope(mha::RopeStyle::interleaved), true, false, 9200), Lq, {700, 0, 300}, 9201);
+        const mha::MultiheadAttention m = s.layer.make();
+        const mha::KVCache before = s.cache();
+        const mha_decode_test::StepExpected ex = mha_decode_test::step_double(s.layer.ref(), s.x.data(), s.B, s.Lq, &before);
+        const std::vector<double> tol = times(ex.out_err, mha_test::kDecoderSafety);
+        ASSERT_LT(mha_test::relative_tolerance(ex.out, mha_test::backend_difference_bound(ex.out_err)), kMaxRelativeBound);
+        mha_test::for_each_cpu_isa([&](mha::Isa) {
+            for (mha::Impl impl : {mha::Impl::automatic, mha::Impl::materialized, mha::Impl::fused}) {
+                SCOPED_TRACE(::testing::Message() << "Lq " << Lq << (impl == mha::Impl::automatic ? " automatic" : impl == mha::Impl::materialized ? " materialized" : " fused"));
+                mha::KVCache c = s.cache();
+                std::vector<float> out(s.B * Lq * s.layer.E, kNaN);
+                mha::AttentionInputs in;
+                in.query = mha::ConstBatch(s.x.data(), s.B, Lq, s.layer.E);
+                mha::ForwardOptions o;
+                o.impl = impl;
+                m.forward(in, {mha::Batch(out.data(), s.B, Lq, s.layer.E)}, o, c);
+                EXPECT_TRUE(mha_test::all_within(out, ex.out, tol)) << "vs double";
+                EXPECT_TRUE(mha_test::all_within(appended_rows(c, s, false), ex.k.val, times(ex.k.err, mha_test::kDecoderSafety)));
+            }
+        });
+    }
+}
+
+// The masked-NaN rule with a cache: a new token whose input holds NaN has NaN Q, K and V rows; the tokens before
+// it in the same call do not see its key (causal), so their outputs stay finite and within the bound of the call
+// without the NaN (not bitwise on the SIMD backend: with a non-finite value in a tile it sums P·V in plain loops
+// over the unmasked keys instead of the GEMM); its own row and the later ones are NaN. Sequence 1 is untouched.
+// Lq = 4 (decode path) and 40 (grouped path), with the post-norm.
+TEST(DecodeLayer, NanTokenDoesNotReachEarlierTokens) {
+    for (std::size_t Lq : {4, 40}) {
+        SCOPED_TRACE(::testing::Message() << "Lq " << Lq);
+        const CacheStep s(DecoderLayer(64, 8, 2, 32, rope(mha::RopeStyle::half), true, true, 9300), Lq, {600, 20}, 9301);
+        const std::size_t bad = Lq / 2, E = s.layer.E;
+        const mha::MultiheadAttention m = s.layer.make();
+        CacheStep poisoned = s;
+        poisoned.x[(0 * Lq + bad) * E + 3] = kNaN;  // sequence 0, token `bad`
+        const mha::KVCache before = s.cache();
+        const std::optional<float> eps = 1e-5f;
+        const mha_decode_test::StepExpected ex = mha_decode_test::step_double(s.layer.ref(eps), s.x.data(), s.B, Lq, &before);
+        auto run = [&](const CacheStep& c, mha::Backend backend) {
+            std::vector<float> out(c.B * Lq * E, kNaN);
+            mha::KVCache cache = c.cache();
+            mha::AttentionInputs in;
+            in.query = mha::ConstBatch(c.x.data(), c.B, Lq, E);
+            mha::ForwardOptions o;
+            o.backend = backend, o.norm_eps = eps;
+            m.forward(in, {mha::Batch(out.data(), c.B, Lq, E)}, o, cache);
+            return out;
+        };
+        auto check = [&](mha::Backend backend) {
+            const std::vector<float> got = run(poisoned, backend);
+            for (std::size_t b = 0; b < 2; ++b)
+                for (std::size_t i = 0; i < Lq; ++i) {
+                    const bool sees = b == 0 && i >= bad;
+                    for (std::size_t e = 0; e < E; ++e) {
+                        const std::size_t at = (b * Lq + i) * E + e;
+                        if (sees) ASSERT_TRUE(std::isnan(got[at])) << "token " << i << " sees the NaN token";
+                        else
+                            ASSERT_TRUE(std::isfinite(got[at]) && std::abs(double(got[at]) - ex.out[at]) <= mha_test::kDecoderSafety * ex.out_err[at])
+                                << "b " << b << " token " << i << " col " << e << ": " << got[at] << " vs " << ex.out[at];
+                    }
+                }
+        };
+        {
+            SCOPED_TRACE("scalar");
+            check(mha::Backend::scalar);
+        }
+        mha_test::for_each_cpu_isa([&](mha::Isa) { check(mha::Backend::simd); });
+    }
 }
 
 }  // namespace
