@@ -736,9 +736,10 @@ TEST(KvCacheMore, WorkspaceBytesAreEnough) {
 // reads the cached rows and appends to them, so scratch inside the cache corrupts both). The cache is made large
 // enough to hold the whole workspace the call needs, holds 5 tokens per sequence, and the workspace borrows the
 // cache's own memory (its keys, then the end of its keys and its values).
-// LIBRARY BUG (found by this test, left failing on purpose): MultiheadAttention::run checks a borrowed workspace
-// against query, key, value, output, attn_weights and the masks, but not against the KV cache, so the call
-// takes it, writes its scratch over the cached rows and returns wrong outputs.
+// LIBRARY BUG found by this test at ad85132 (where it fails on purpose): MultiheadAttention::run checked a borrowed
+// workspace against query, key, value, output, attn_weights and the masks but not against the KV cache, so the
+// call took it, wrote its scratch over the cached rows and returned wrong outputs. main's 719051a adds the check
+// ("workspace overlaps the KV cache"); with it this test passes.
 TEST(KvCacheMore, WorkspaceOverlappingTheCacheIsRefused) {
     const DecoderLayer layer(64, 8, 2, 16, std::nullopt, false, false, 950);
     const mha::MultiheadAttention m = layer.make();
