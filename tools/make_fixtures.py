@@ -31,6 +31,11 @@ F._scaled_dot_product_attention where the public one is missing). Files and args
 above write_decoder_cases and tests/data/README.md. Each is checked against NumPy float64 loops (KV head
 h // G without repeating, RoPE as complex rotations) to 1e-12.
 
+KV-cache generation cases (issue 13) go to tests/data/kv_cache/<case>/: the Llama-style layer run as a generating
+model runs it (a prompt in one causal pass, then tokens one at a time against Hugging Face-style past_key_values),
+with every token's output and the final cache (present_key / present_value); see the comment above
+write_kv_cache_cases and tests/data/README.md.
+
 usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
 """
 import json
@@ -617,6 +622,107 @@ def write_decoder_cases():
               am=bool_mask(gen, (4, 9), 0.3, lambda r: 1 + 2 * r))
 
 
+# --- KV-cache generation cases (issue 13): tests/data/kv_cache/<case>/ ------------------------------------
+#
+# The Llama-style layer of the decoder cases (separate q/k/v/o projections, no biases, GQA by repeat_interleave,
+# RoPE in half pairing) run the way a generating model runs it, with Hugging Face's past_key_values semantics:
+# each sequence's prompt in one causal pass (positions 0 .. P − 1), then `generated` tokens one at a time, token t
+# rotated (Q and K) at position past_len = P + t, its K and V concatenated to the cache, its query attending over
+# all past_len + 1 keys. The sequences are ragged (prompts of different lengths), each run on its own.
+# Files (a folder of its own: neither the nn.MultiheadAttention cases nor the decoder cases see it):
+#   query.npy [B, T, E] float32, T = max prompt + generated: sequence b's prompt_lengths[b] + generated token
+#     inputs, then zero rows; q_proj_weight.npy [H·d, E], k_proj_weight.npy, v_proj_weight.npy [Hkv·d, E],
+#     out_proj.weight.npy [E, H·d] float32;
+#   expected_output.npy [B, T, E] float64: each token's output (prompt rows from the prompt pass, the rest from
+#     their generation step), zero rows past a sequence's tokens;
+#   present_key.npy, present_value.npy [B, Hkv, T, d] float64: the cache after the last step (K rotated), zero
+#     rows past a sequence's tokens;
+#   args.json {"kind": "generate", "heads", "kv_heads", "head_dim", "rope_theta", "rope_style", "rope_dims",
+#     "prompt_lengths": [..], "generated"}.
+# Checked here: the generated outputs equal the rows of one causal pass over the whole sequence
+# (llama_attention) and numpy_layer's, and the present K / V equal NumPy's rotated projections, to 1e-12.
+
+KV_DIR = "kv_cache"
+
+
+def llama_generate(x, wq, wk, wv, wo, H, Hkv, d, rope, prompt, steps):
+    """One sequence x [T, E] (float64 torch): the prompt in one causal pass, then `steps` tokens one at a time
+    against past_key_values. Returns the outputs [prompt + steps, E] and the final K, V [Hkv, prompt + steps, d]."""
+    def project(xs, start):
+        L = xs.shape[0]
+        q = F.linear(xs, wq).view(1, L, H, d).transpose(1, 2)
+        k = F.linear(xs, wk).view(1, L, Hkv, d).transpose(1, 2)
+        v = F.linear(xs, wv).view(1, L, Hkv, d).transpose(1, 2)
+        positions = (start + torch.arange(L, dtype=torch.float64))[None]
+        q = rope_torch(q, rope["theta"], rope["dims"], rope["style"], positions)
+        k = rope_torch(k, rope["theta"], rope["dims"], rope["style"], positions)
+        return q, k, v
+
+    def attend(q, past_k, past_v, causal):
+        L = q.shape[2]
+        s = q @ past_k.repeat_interleave(H // Hkv, dim=1).transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -math.inf)
+        c = (s.softmax(-1) @ past_v.repeat_interleave(H // Hkv, dim=1)).transpose(1, 2).reshape(1, L, H * d)
+        return F.linear(c, wo)[0]
+
+    q, past_k, past_v = project(x[:prompt], 0)
+    outs = [attend(q, past_k, past_v, True)]
+    for t in range(steps):
+        past_len = past_k.shape[2]
+        q, k, v = project(x[past_len:past_len + 1], past_len)
+        past_k, past_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        outs.append(attend(q, past_k, past_v, False))
+    return torch.cat(outs, 0), past_k[0], past_v[0]
+
+
+def generate_case(name, gen, prompts, steps, E, H, Hkv, d, rope):
+    B, T = len(prompts), max(prompts) + steps
+    fan = lambda n: 1.0 / math.sqrt(n)
+    a = {"query": uniform(gen, (B, T, E)),
+         "q_proj_weight": uniform(gen, (H * d, E), fan(E)), "k_proj_weight": uniform(gen, (Hkv * d, E), fan(E)),
+         "v_proj_weight": uniform(gen, (Hkv * d, E), fan(E)), "out_proj.weight": uniform(gen, (E, H * d), fan(H * d))}
+    out = np.zeros((B, T, E))
+    present_k, present_v = np.zeros((B, Hkv, T, d)), np.zeros((B, Hkv, T, d))
+    t = lambda n: torch.from_numpy(a[n].astype(np.float64))
+    w64 = {n: v.astype(np.float64) for n, v in a.items()}
+    for b, P in enumerate(prompts):
+        n = P + steps
+        a["query"][b, n:] = 0.0
+        xb = t("query")[b]
+        o, k, v = llama_generate(xb, t("q_proj_weight"), t("k_proj_weight"), t("v_proj_weight"), t("out_proj.weight"),
+                                 H, Hkv, d, rope, P, steps)
+        out[b, :n], present_k[b, :, :n], present_v[b, :, :n] = o.numpy(), k.numpy(), v.numpy()
+        # The same tokens in one causal pass: every generated row is that pass's row.
+        full = llama_attention(xb[None, :n], t("q_proj_weight"), t("k_proj_weight"), t("v_proj_weight"),
+                               t("out_proj.weight"), None, H, Hkv, d, rope, [0], True).numpy()[0]
+        x64 = w64["query"][b:b + 1, :n]
+        check, _ = numpy_layer(x64, x64, x64, w64, H, Hkv, d, rope, [0], None, None, True, False)
+        assert np.isfinite(out[b]).all(), name
+        assert np.allclose(out[b, :n], full, rtol=0, atol=1e-12), name
+        assert np.allclose(out[b, :n], check[0], rtol=0, atol=1e-12), name
+        K = (x64[0] @ w64["k_proj_weight"].T).reshape(n, Hkv, d)
+        V = (x64[0] @ w64["v_proj_weight"].T).reshape(n, Hkv, d)
+        for j in range(n):
+            for h in range(Hkv):
+                K[j, h] = numpy_rope(K[j, h], rope["theta"], rope["dims"], rope["style"], j)
+        assert np.allclose(present_k[b, :, :n], K.transpose(1, 0, 2), rtol=0, atol=1e-12), name
+        assert np.allclose(present_v[b, :, :n], V.transpose(1, 0, 2), rtol=0, atol=1e-12), name
+    args = {"kind": "generate", "heads": H, "kv_heads": Hkv, "head_dim": d, "rope_theta": rope["theta"],
+            "rope_style": rope["style"], "rope_dims": rope["dims"], "prompt_lengths": prompts, "generated": steps}
+    write_case(os.path.join(KV_DIR, name), a, args, out, None)
+    np.save(os.path.join(OUT, KV_DIR, name, "present_key.npy"), present_k)
+    np.save(os.path.join(OUT, KV_DIR, name, "present_value.npy"), present_v)
+
+
+def write_kv_cache_cases():
+    gen = torch.Generator().manual_seed(20240613)  # its own stream: the cases above stay as they were
+    # Llama-style, GQA (G = 2), H·d = 64 != E = 32, RoPE half on all 16 dims; prompts of 20 and 13 tokens, then 8
+    # generated tokens each.
+    generate_case("llama_generate_ragged", gen, prompts=[20, 13], steps=8, E=32, H=4, Hkv=2, d=16,
+                  rope={"theta": 10000.0, "dims": 16, "style": "half"})
+
+
 def main():
     if os.path.isdir(OUT):
         for entry in os.listdir(OUT):  # regenerate the case folders; keep README.md
@@ -643,9 +749,10 @@ def main():
     seed000_case("seed000_self_attention", gen, B=2, L=8, E=32, H=4)
     write_large_cases()
     write_decoder_cases()
+    write_kv_cache_cases()
     count = lambda d: len([e for e in os.listdir(d) if os.path.isdir(os.path.join(d, e))])
-    print("wrote", count(OUT) - 1, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
-          os.path.join(OUT, DECODER_DIR))
+    print("wrote", count(OUT) - 2, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
+          os.path.join(OUT, DECODER_DIR), "and", count(os.path.join(OUT, KV_DIR)), "to", os.path.join(OUT, KV_DIR))
 
 
 if __name__ == "__main__":
