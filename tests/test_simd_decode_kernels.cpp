@@ -468,7 +468,8 @@ struct GuardShape {
 };
 constexpr GuardShape kGuardShapes[] = {{1, 1, 1, 0},   {4, 4, 16, 0},   {5, 17, 129, 3}, {3, 255, 3, 1},
                                        {9, 16, 17, 0}, {8, 256, 128, 0}, {2, 5, 15, 2},  {33, 3, 31, 0},
-                                       {7, 2, 8, 5},   {1, 15, 80, 0}};
+                                       {7, 2, 8, 5},   {1, 15, 80, 0},   {33, 256, 129, 1}, {17, 255, 64, 0},
+                                       {128, 37, 256, 3}};
 
 // q and k (scores), p and v (accumulate) each end at a PROT_NONE page; results equal those from
 // ordinary buffers bitwise.

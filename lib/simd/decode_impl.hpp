@@ -5,7 +5,7 @@
 // K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
 // or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
 //
-// Memory-bound decode: each K and V row should come from memory once and stream at read bandwidth,
+// Memory-bound decode: each K and V row comes from memory once and should stream at read bandwidth,
 // with the query rows (and o) hot in L1.
 // scores: a register tile of QB query rows × 4 key rows (AVX-512: 4 × 4 zmm accumulators; AVX2 and SSE2
 //   2 × 4) runs along d, lane l summing the columns c ≡ l (mod W) in order (the last, partial vector
@@ -13,15 +13,23 @@
 //   QB·4 accumulators into QB·4 sums with the same fixed tree for every sum: per 128-bit block
 //   (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2: b0 + b1). Missing rows or
 //   keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the same whatever M and n are
-//   and wherever it sits in a tile. Loop order: blocks of MQ query rows (MQ·d floats, ~16 KB, stay in
-//   L1), then key blocks of 4 (read from memory by the first query tile, from L1 by the others, from
-//   L2 by the next query block), then the query tiles.
+//   and wherever it sits in a tile. Loop order: blocks of MQ query rows (kScoresQueryFloats, stay in
+//   L1), then key blocks of 4 rows (read from memory for the first query tile, from L1 for the others,
+//   from L2 for the next query block), then the query tiles.
 // accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2)
 //   starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in order (one FMA each where the ISA has FMA),
 //   and is stored back. Each o[m, c] is its own lane: the result is the sequential sum
 //   ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column tiling, and any split of n into
-//   consecutive calls. Loop order: chunks of J rows of V (J·d floats, ~16 KB, stay in L1), then query
-//   tiles, then column tiles; the first query tile reads the chunk from memory, the others from L1.
+//   consecutive calls. Loop order: chunks of J rows of V (they stay in L1), then query tiles, then
+//   column tiles; the first tile reads the chunk from memory, the others from L1.
+// Memory order: the tiles' loads walk 4 key rows at once (scores) or a column slice of each V row
+//   (accumulate, d > NV·W), an order in which this machine's hardware prefetchers stream from memory
+//   at about half speed. So before its own loads the first tile to use a row reads one byte of each of
+//   the row's cache lines in address order ("touch"): memory sees whole rows, in order. Touches, not
+//   prefetches: prefetching ahead of the rows in use measured slower while the kernel is memory-bound
+//   (few query tiles per block or chunk). Where many query tiles reuse each block or chunk the kernel
+//   is compute-bound, and the next block or chunk is prefetched into L2 during the current one, which
+//   hides the memory behind the compute. Touches and prefetches read no byte outside the rows.
 // Every helper is a template on Arch (or has internal linkage), so no weak symbol compiled with one
 // ISA's flags can be picked by the linker for another ISA's path.
 #pragma once
@@ -38,8 +46,18 @@ namespace decode_detail {
 namespace {
 constexpr std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
 constexpr std::size_t max_size(std::size_t a, std::size_t b) noexcept { return b > a ? b : a; }
-// Floats of the operand kept in L1 across a loop: query rows of a scores block, V rows of a chunk.
-constexpr std::size_t kL1Floats = 4096;
+// Query rows per scores block: MQ·d <= kScoresQueryFloats (16 KB of q stay in L1 while the K tile
+// streams past; later query blocks read the tile from L2).
+constexpr std::size_t kScoresQueryFloats = 4096;
+// Query tiles per block above which scores prefetches the next key block into L2 (compute-bound).
+constexpr std::size_t kScoresPrefetchTiles = 4;
+// V rows per accumulate chunk: J·d <= kChunkFloatsFew when a chunk has at most kFewQueryTiles query
+// tiles (memory-bound: a 4 KB chunk keeps the gaps short in which the other tiles compute from L1 and
+// memory idles), else J·d <= kChunkFloatsMany (compute-bound: longer chunks amortize loading and
+// storing the accumulators, and the next chunk is prefetched into L2, spread over the tiles).
+constexpr std::size_t kChunkFloatsFew = 1024;
+constexpr std::size_t kChunkFloatsMany = 4096;
+constexpr std::size_t kFewQueryTiles = 2;
 }  // namespace
 
 using gemm_detail::fmadd;
@@ -95,6 +113,33 @@ struct Part<arch_avx512> {
     MHA_GEMM_INLINE void store(const B& v, float* p) const noexcept { _mm512_mask_storeu_ps(p, mask, v); }
 };
 #endif
+
+// Reads one byte of each cache line of row[0, bytes / 4) in address order (bytes > 0): the line comes
+// into L1 now, in row order (see the header).
+template <class Arch>
+inline MHA_GEMM_INLINE void touch_row(const float* row, std::size_t bytes) noexcept {
+    const volatile char* t = reinterpret_cast<const volatile char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) (void)t[b];
+    (void)t[bytes - 1];  // the last line, when the row does not start on a line boundary
+}
+
+// Asks for each cache line of row[0, bytes / 4) to be brought into L2 (bytes > 0). Never faults.
+template <class Arch>
+inline MHA_GEMM_INLINE void prefetch_row_l2(const float* row, std::size_t bytes) noexcept {
+    const char* t = reinterpret_cast<const char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 2);
+    __builtin_prefetch(t + bytes - 1, 0, 2);
+}
+
+// The V rows an accumulate tile brings in as it goes, row i at its iteration i: `touch` rows (of the
+// chunk the tile works on) and `prefetch` rows (of the next chunk). Row stride ld, `bytes` per row.
+struct RowPlan {
+    const float* touch = nullptr;
+    std::size_t n_touch = 0;
+    const float* prefetch = nullptr;
+    std::size_t n_prefetch = 0;
+    std::size_t ld = 0, bytes = 0;
+};
 
 // ---- scores ----------------------------------------------------------------------------------------
 
@@ -168,6 +213,7 @@ void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, co
     constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
     B acc[QB][4];
     unroll<QB>([&](auto m) MHA_GEMM_INLINE { unroll<4>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = B(0.0f); }); });
+    // One vector of columns from c on: KR key vectors, then each query vector against all of them.
     auto step = [&](std::size_t c, auto load) MHA_GEMM_INLINE {
         B kv[KR];
         unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load(k + j * ldk + c); });
@@ -208,7 +254,7 @@ constexpr ScoresTable<Arch> make_scores_table(std::index_sequence<I...>) {
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
 template <class Arch, std::size_t MR, std::size_t NF, bool P>
 void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float* v, std::size_t ldv, float* o,
-                     std::size_t ldo, std::size_t r) noexcept {
+                     std::size_t ldo, std::size_t r, const RowPlan& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
     const Part<Arch> part(P ? r : 1);
@@ -222,7 +268,10 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float
     unroll<MR>([&](auto m) MHA_GEMM_INLINE {
         unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = load(o + m * ldo, i); });
     });
+    const std::size_t n_touch = plan.n_touch, n_prefetch = plan.n_prefetch;
     for (std::size_t j = 0; j < n; ++j) {
+        if (j < n_touch) touch_row<Arch>(plan.touch + j * plan.ld, plan.bytes);
+        if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
         unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load(v, i); });
         unroll<MR>([&](auto m) MHA_GEMM_INLINE {
@@ -244,7 +293,7 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float
 
 template <class Arch>
 using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t, float*,
-                                  std::size_t, std::size_t) noexcept;
+                                  std::size_t, std::size_t, const RowPlan&) noexcept;
 
 template <class Arch>
 struct AccumulateTable {
@@ -277,14 +326,21 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMat
     using T = DecodeTiles<Arch>;
     constexpr std::size_t QB = T::QB, KB = T::KB;
     static constexpr ScoresTable<Arch> table = make_scores_table<Arch>(std::make_index_sequence<QB * KB>{});
-    const std::size_t M = q.rows, n = k.rows, d = q.cols;
-    // Query rows per block: as many whole tiles as fit kL1Floats, at least one tile.
-    const std::size_t MQ = max_size(QB, kL1Floats / max_size(d, 1) / QB * QB);
+    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(float);
+    // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
+    const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
     for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
         const std::size_t m_end = min_size(M, m0 + MQ);
+        const bool prefetch = (m_end - m0 + QB - 1) / QB > kScoresPrefetchTiles;
         for (std::size_t j = 0; j < n; j += KB) {
             const std::size_t kr = min_size(KB, n - j);
             const float* kj = k.data + j * k.stride;
+            if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
+                for (std::size_t i = 0; i < kr; ++i) touch_row<Arch>(kj + i * k.stride, bytes);
+                if (prefetch)
+                    for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
+                        prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
+            }
             for (std::size_t m = m0; m < m_end; m += QB) {
                 const std::size_t qr = min_size(QB, m_end - m);
                 const float* qm = q.data + m * q.stride;
@@ -310,25 +366,47 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, ConstMatrix v, Ma
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
     const std::size_t tail_full = full - blocks * NV;
-    // V rows per chunk: as many as fit kL1Floats, at least 4.
-    const std::size_t J = max_size(4, kL1Floats / d);
+    const std::size_t query_tiles = (M + MB - 1) / MB;
+    const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
+    const bool few = query_tiles <= kFewQueryTiles;
+    const std::size_t J = max_size(4, (few ? kChunkFloatsFew : kChunkFloatsMany) / d);  // V rows per chunk
     for (std::size_t j0 = 0; j0 < n; j0 += J) {
         const std::size_t jn = min_size(J, n - j0);
         const float* vj = v.data + j0 * v.stride;
+        // The next chunk's rows, prefetched a share per tile when compute-bound.
+        const std::size_t next = few || j0 + J >= n ? 0 : min_size(J, n - j0 - J);
+        const std::size_t share = (next + tiles - 1) / tiles;
+        std::size_t t = 0;  // tiles of this chunk so far
+        auto plan = [&]() {
+            RowPlan rp;
+            rp.ld = v.stride;
+            rp.bytes = d * sizeof(float);
+            if (t == 0) {  // the first tile touches the chunk's rows
+                rp.touch = vj;
+                rp.n_touch = jn;
+            }
+            const std::size_t first = min_size(t * share, next);
+            rp.n_prefetch = min_size(min_size(share, next - first), jn);
+            if (rp.n_prefetch != 0) rp.prefetch = vj + (J + first) * v.stride;
+            ++t;
+            return rp;
+        };
         for (std::size_t m = 0; m < M; m += MB) {
             const std::size_t mr = min_size(MB, M - m);
             const float* pm = p.data + m * p.stride + j0;
             float* om = o.data + m * o.stride;
             for (std::size_t b = 0; b < blocks; ++b) {
                 const std::size_t c = b * NV * W;
+                const RowPlan rp = plan();
                 if (mr == MB)
-                    accumulate_tile<Arch, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0);
+                    accumulate_tile<Arch, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
                 else
-                    table.f[mr - 1][NV][0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0);
+                    table.f[mr - 1][NV][0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
             }
             if (tail_full != 0 || r != 0) {
                 const std::size_t c = blocks * NV * W;
-                table.f[mr - 1][tail_full][r != 0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, r);
+                const RowPlan rp = plan();
+                table.f[mr - 1][tail_full][r != 0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, r, rp);
             }
         }
     }
