@@ -9,11 +9,15 @@
 // the machine's read bandwidth (e.g. /tmp/mha-anchors/read_bw 32 1 20, run in the same sitting);
 // GFLOPS = 2·M·256·d per kernel per tile ÷ time (what matters at M = 32..128).
 // Flags (ours, removed before benchmark::Initialize): --cache_mb=X  megabytes of K and of V each
-// (default 128; the rows per tensor are X·2^20 / (4·d), rounded down to whole tiles, at least one tile;
-// a small X such as 0.25 keeps the cache in L2 and measures the kernels' compute alone).
+// (default 128; the rows per tensor are X·2^20 / (4·d), rounded down to whole tiles, at least one group;
+// a small X such as 0.25 keeps the cache in L2 and measures the kernels' compute alone); --huge_pages
+// asks for 2 MB pages for the cache (madvise; the hardware prefetchers stop at page boundaries);
+// --group=G runs the scores of G consecutive K tiles, then the accumulation of their G V tiles (default
+// 1: K tile, V tile, K tile, ...; switching between the K and V streams at every tile costs bandwidth).
 // Run pinned, with repetitions: taskset -c 1 bench_decode --benchmark_repetitions=5
 //   --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +37,8 @@ namespace {
 
 constexpr std::size_t kTile = 256;  // cache rows per kernel call
 double g_cache_mb = 128;
+bool g_huge_pages = false;
+std::size_t g_group = 1;
 
 enum class Op { scores, accumulate, decode };
 
@@ -43,10 +49,12 @@ struct AlignedFree {
 };
 using Floats = std::unique_ptr<float[], AlignedFree>;
 
-Floats random_floats(std::size_t n, float lo, float hi, unsigned seed) {
-    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(float) + 63) / 64 * 64;
-    Floats v(static_cast<float*>(std::aligned_alloc(64, bytes)));
+Floats random_floats(std::size_t n, float lo, float hi, unsigned seed, bool huge = false) {
+    const std::size_t align = huge ? std::size_t(2) << 20 : 64;
+    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(float) + align - 1) / align * align;
+    Floats v(static_cast<float*>(std::aligned_alloc(align, bytes)));
     if (!v) throw std::bad_alloc();
+    if (huge && madvise(v.get(), bytes, MADV_HUGEPAGE) != 0) std::perror("bench_decode: madvise(MADV_HUGEPAGE)");
     std::mt19937 gen(seed);
     std::uniform_real_distribution<float> dist(lo, hi);
     for (std::size_t i = 0; i < n; ++i) v[i] = dist(gen);
@@ -64,11 +72,11 @@ Cache& cache_for(std::size_t d) {
     if (c.d != d) {
         c.d = d;
         c.rows = static_cast<std::size_t>(g_cache_mb * double(1 << 20)) / (4 * d) / kTile * kTile;
-        if (c.rows == 0) c.rows = kTile;
+        c.rows = std::max(c.rows, g_group * kTile);  // at least one group of tiles
         c.k.reset();  // at most one cache of each d at a time
         c.v.reset();
-        c.k = random_floats(c.rows * d, -1.0f, 1.0f, 1);
-        c.v = random_floats(c.rows * d, -1.0f, 1.0f, 2);
+        c.k = random_floats(c.rows * d, -1.0f, 1.0f, 1, g_huge_pages);
+        c.v = random_floats(c.rows * d, -1.0f, 1.0f, 2, g_huge_pages);
     }
     return c;
 }
@@ -77,19 +85,24 @@ void run(benchmark::State& state, Op op) {
     const auto M = static_cast<std::size_t>(state.range(0)), d = static_cast<std::size_t>(state.range(1));
     Cache& c = cache_for(d);
     const Floats q = random_floats(M * d, -1.0f, 1.0f, 3);
-    // Probabilities of a tile (uniform-ish, summing to about 1 per row); decode overwrites them.
-    const Floats p = random_floats(M * kTile, 0.0f, 2.0f / float(kTile), 4);
+    // Probabilities of g_group tiles (uniform-ish, summing to about 1 per row); decode overwrites them.
+    const Floats p = random_floats(g_group * M * kTile, 0.0f, 2.0f / float(kTile), 4);
     const Floats o = random_floats(M * d, 0.0f, 0.0f, 5);
     // Small scores, used as weights by decode: o stays finite (and normal) over many passes.
     const float scale = 1e-3f / std::sqrt(float(d));
     const mha::ConstMatrix qv(q.get(), M, d);
-    const mha::Matrix pv(p.get(), M, kTile), ov(o.get(), M, d);
-    const std::size_t tiles = c.rows / kTile;
+    const mha::Matrix ov(o.get(), M, d);
+    const std::size_t tiles = c.rows / kTile / g_group * g_group;
+    auto p_of = [&](std::size_t t) { return mha::Matrix(p.get() + t % g_group * M * kTile, M, kTile); };
     for (auto _ : state) {
-        for (std::size_t t = 0; t < tiles; ++t) {
-            const mha::ConstMatrix kt(c.k.get() + t * kTile * d, kTile, d), vt(c.v.get() + t * kTile * d, kTile, d);
-            if (op != Op::accumulate) mha::simd::decode_scores(scale, qv, kt, pv);
-            if (op != Op::scores) mha::simd::decode_accumulate(pv, vt, ov);
+        // Tiles in groups of g_group: the scores of the group's K tiles, then its V tiles.
+        for (std::size_t t0 = 0; t0 < tiles; t0 += g_group) {
+            if (op != Op::accumulate)
+                for (std::size_t t = t0; t < t0 + g_group; ++t)
+                    mha::simd::decode_scores(scale, qv, mha::ConstMatrix(c.k.get() + t * kTile * d, kTile, d), p_of(t));
+            if (op != Op::scores)
+                for (std::size_t t = t0; t < t0 + g_group; ++t)
+                    mha::simd::decode_accumulate(p_of(t), mha::ConstMatrix(c.v.get() + t * kTile * d, kTile, d), ov);
         }
         benchmark::DoNotOptimize(p.get());
         benchmark::DoNotOptimize(o.get());
@@ -116,7 +129,7 @@ BENCHMARK_CAPTURE(run, scores, Op::scores)->Apply(shapes);
 BENCHMARK_CAPTURE(run, accumulate, Op::accumulate)->Apply(shapes);
 BENCHMARK_CAPTURE(run, decode, Op::decode)->Apply(shapes);
 
-// Reads --cache_mb=N and removes it from argv; everything else goes to benchmark::Initialize.
+// Reads our flags and removes them from argv; everything else goes to benchmark::Initialize.
 bool parse_options(int& argc, char** argv) {
     int kept = 1;
     for (int i = 1; i < argc; ++i) {
@@ -129,9 +142,19 @@ bool parse_options(int& argc, char** argv) {
                 return false;
             }
             g_cache_mb = mb;
+        } else if (std::strncmp(a, "--group=", 8) == 0) {
+            char* end = nullptr;
+            const long g = std::strtol(a + 8, &end, 10);
+            if (*end != '\0' || g <= 0) {
+                std::fprintf(stderr, "bench_decode: --group needs a positive integer, got '%s'\n", a + 8);
+                return false;
+            }
+            g_group = static_cast<std::size_t>(g);
+        } else if (std::strcmp(a, "--huge_pages") == 0) {
+            g_huge_pages = true;
         } else {
             if (std::strcmp(a, "--help") == 0)
-                std::printf("bench_decode flags: --cache_mb=N (MB of K and of V each, default 128)\n");
+                std::printf("bench_decode flags: --cache_mb=X (MB of K and of V each, default 128), --huge_pages, --group=G\n");
             argv[kept++] = argv[i];
         }
     }
