@@ -23,13 +23,14 @@
 //   consecutive calls. Loop order: chunks of J rows of V (they stay in L1), then query tiles, then
 //   column tiles; the first tile reads the chunk from memory, the others from L1.
 // Memory order: the tiles' loads walk 4 key rows at once (scores) or a column slice of each V row
-//   (accumulate, d > NV·W), an order in which this machine's hardware prefetchers stream from memory
-//   at about half speed. So before its own loads the first tile to use a row reads one byte of each of
-//   the row's cache lines in address order ("touch"): memory sees whole rows, in order. Touches, not
-//   prefetches: prefetching ahead of the rows in use measured slower while the kernel is memory-bound
-//   (few query tiles per block or chunk). Where many query tiles reuse each block or chunk the kernel
-//   is compute-bound, and the next block or chunk is prefetched into L2 during the current one, which
-//   hides the memory behind the compute. Touches and prefetches read no byte outside the rows.
+//   (accumulate, d > NV·W), an order in which the hardware prefetchers (measured on AMD Zen 4, 4 KB
+//   pages) stream from memory far slower than whole rows in address order. So before its own loads the
+//   first tile to use a row reads one byte of each of the row's cache lines in address order ("touch"):
+//   memory sees whole rows, in order. Touches, not prefetches: prefetching ahead of the rows in use
+//   measured slower while the kernel is memory-bound (few query tiles per block or chunk). Where many
+//   query tiles reuse each block or chunk the kernel is compute-bound, and the next block or chunk is
+//   prefetched into L2 during the current one, which hides the memory behind the compute. Touches and
+//   prefetches name no byte outside the rows (bench/bench_decode.cpp measures all this).
 // Every helper is a template on Arch (or has internal linkage), so no weak symbol compiled with one
 // ISA's flags can be picked by the linker for another ISA's path.
 #pragma once
@@ -81,7 +82,8 @@ struct DecodeTiles {
 
 // The lanes [0, r) of a vector, 0 < r < W: load() reads only p[0, r) (zeros in the other lanes),
 // store() writes only p[0, r). A stack buffer here (SSE2); masked instructions on AVX2 and AVX-512
-// (masked-off lanes never fault), in specializations that exist only in the TUs with those flags.
+// (masked-off lanes never fault), in specializations that exist only in the TU of their ISA (never an
+// out-of-line copy compiled with AVX-512 flags that the AVX2 path could be linked to).
 template <class Arch>
 struct Part {
     using B = batch<Arch>;
@@ -91,7 +93,7 @@ struct Part {
     MHA_GEMM_INLINE void store(const B& v, float* p) const noexcept { row_detail::store_head(Arch{}, v, p, r); }
 };
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 template <>
 struct Part<arch_avx2> {
     using B = batch<arch_avx2>;
