@@ -146,4 +146,20 @@ void pack_panels(Isa isa, ConstMatrix b, Trans tb, float* dst, std::size_t panel
 void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, float beta, Matrix c,
                  const GemmScratch& scratch = {});
 
+// The two kernels of a decode step (a few query rows against a tile of a KV cache read in place; the
+// cache rows stream from memory once). Row-major views with row strides; M = q.rows, n = k.rows,
+// d = q.cols. Nothing at or past row n of k / v, column d of q / k / v or column n of p is read (the tile
+// may end at the end of a mapping), and nothing outside s / o is written. Any M, n, d >= 0.
+// Summation order depends on the ISA and d (scores) or n (accumulate) only: each result element is
+// bitwise the same whatever M is, wherever the element sits in s / o, and however the rows are split
+// across calls; repeated calls give bitwise equal results. No allocation; single-threaded.
+
+// s[m, j] = scale·Σ_c q[m, c]·k[j, c]: q [M, d], k [n, d], s [M, n] (written, not read).
+void decode_scores(float scale, ConstMatrix q, ConstMatrix k, Matrix s) noexcept;
+
+// o[m, c] += Σ_j p[m, j]·v[j, c], summed in order j = 0, 1, ..., n − 1 onto o (so splitting the rows
+// of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d]. n == 0 leaves o
+// untouched.
+void decode_accumulate(ConstMatrix p, ConstMatrix v, Matrix o) noexcept;
+
 }  // namespace mha::simd

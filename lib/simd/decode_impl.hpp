@@ -1,0 +1,417 @@
+// The decode-step kernels on one ISA: definitions of decode_scores_kernel and decode_accumulate_kernel,
+// included only by the decode_<isa>.cpp TUs.
+//   scores:     s[m, j] = scale·Σ_c q[m, c]·k[j, c]   q [M, d], k [n, d], s [M, n]
+//   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c]        p [M, n], v [n, d], o [M, d]
+// K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
+// or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
+//
+// Memory-bound decode: each K and V row comes from memory once and should stream at read bandwidth,
+// with the query rows (and o) hot in L1.
+// scores: a register tile of QB query rows × 4 key rows (AVX-512: 4 × 4 zmm accumulators; AVX2 and SSE2
+//   2 × 4) runs along d, lane l summing the columns c ≡ l (mod W) in order (the last, partial vector
+//   with masked or buffered loads, zeros in the missing lanes). Then one transposed reduction turns the
+//   QB·4 accumulators into QB·4 sums with the same fixed tree for every sum: per 128-bit block
+//   (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2: b0 + b1). Missing rows or
+//   keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the same whatever M and n are
+//   and wherever it sits in a tile. Loop order: blocks of MQ query rows (kScoresQueryFloats, stay in
+//   L1), then key blocks of 4 rows (read from memory for the first query tile, from L1 for the others,
+//   from L2 for the next query block), then the query tiles.
+// accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2)
+//   starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in order (one FMA each where the ISA has FMA),
+//   and is stored back. Each o[m, c] is its own lane: the result is the sequential sum
+//   ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column tiling, and any split of n into
+//   consecutive calls. Loop order: chunks of J rows of V (they stay in L1), then query tiles, then
+//   column tiles; the first tile reads the chunk from memory, the others from L1.
+// Memory order: the tiles' loads walk 4 key rows at once (scores) or a column slice of each V row
+//   (accumulate, d > NV·W), an order in which the hardware prefetchers (measured on AMD Zen 4, 4 KB
+//   pages) stream from memory far slower than whole rows in address order. So before its own loads the
+//   first tile to use a row reads one byte of each of the row's cache lines in address order ("touch"):
+//   memory sees whole rows, in order. Touches, not prefetches: prefetching ahead of the rows in use
+//   measured slower while the kernel is memory-bound (few query tiles per block or chunk). Where many
+//   query tiles reuse each block or chunk the kernel is compute-bound, and the next block or chunk is
+//   prefetched into L2 during the current one, which hides the memory behind the compute. Touches and
+//   prefetches name no byte outside the rows (bench/bench_decode.cpp measures all this).
+// Every helper is a template on Arch (or has internal linkage), so no weak symbol compiled with one
+// ISA's flags can be picked by the linker for another ISA's path.
+#pragma once
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "decode.hpp"
+#include "gemm_microkernel.hpp"  // gemm_detail::unroll, gemm_detail::fmadd, MHA_GEMM_INLINE
+#include "row_tail.hpp"          // row_detail::load_head / store_head (SSE2 partial vectors)
+
+namespace mha::simd {
+namespace decode_detail {
+namespace {
+constexpr std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
+constexpr std::size_t max_size(std::size_t a, std::size_t b) noexcept { return b > a ? b : a; }
+// Query rows per scores block: MQ·d <= kScoresQueryFloats (16 KB of q stay in L1 while the K tile
+// streams past; later query blocks read the tile from L2).
+constexpr std::size_t kScoresQueryFloats = 4096;
+// Query tiles per block above which scores prefetches the next key block into L2 (compute-bound).
+constexpr std::size_t kScoresPrefetchTiles = 4;
+// V rows per accumulate chunk: J·d <= kChunkFloatsFew when a chunk has at most kFewQueryTiles query
+// tiles (memory-bound: a 4 KB chunk keeps the gaps short in which the other tiles compute from L1 and
+// memory idles), else J·d <= kChunkFloatsMany (compute-bound: longer chunks amortize loading and
+// storing the accumulators, and the next chunk is prefetched into L2, spread over the tiles).
+constexpr std::size_t kChunkFloatsFew = 1024;
+constexpr std::size_t kChunkFloatsMany = 4096;
+constexpr std::size_t kFewQueryTiles = 2;
+}  // namespace
+
+using gemm_detail::fmadd;
+using gemm_detail::unroll;
+
+template <class Arch>
+using batch = xsimd::batch<float, Arch>;
+
+template <class Arch>
+struct DecodeTiles {
+    static constexpr std::size_t W = batch<Arch>::size;
+    // scores: QB query rows × KB key rows of accumulators, plus KB key vectors and a query vector
+    // (AVX-512: 16 + 5 of 32 registers; AVX2 and SSE2: 8 + 5 of 16).
+    static constexpr std::size_t QB = W == 16 ? 4 : 2;
+    static constexpr std::size_t KB = 4;
+    // accumulate: MB query rows × NV vectors, plus NV V vectors and a broadcast p
+    // (AVX-512: 16 + 5 of 32; AVX2 and SSE2: 8 + 3 of 16).
+    static constexpr std::size_t MB = 4;
+    static constexpr std::size_t NV = W == 16 ? 4 : 2;
+};
+
+// The lanes [0, r) of a vector, 0 < r < W: load() reads only p[0, r) (zeros in the other lanes),
+// store() writes only p[0, r). A stack buffer here (SSE2); masked instructions on AVX2 and AVX-512
+// (masked-off lanes never fault), in specializations that exist only in the TU of their ISA (never an
+// out-of-line copy compiled with AVX-512 flags that the AVX2 path could be linked to).
+template <class Arch>
+struct Part {
+    using B = batch<Arch>;
+    std::size_t r;
+    explicit MHA_GEMM_INLINE Part(std::size_t count) noexcept : r(count) {}
+    MHA_GEMM_INLINE B load(const float* p) const noexcept { return row_detail::load_head(Arch{}, p, r, 0.0f); }
+    MHA_GEMM_INLINE void store(const B& v, float* p) const noexcept { row_detail::store_head(Arch{}, v, p, r); }
+};
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+template <>
+struct Part<arch_avx2> {
+    using B = batch<arch_avx2>;
+    __m256i mask;
+    explicit MHA_GEMM_INLINE Part(std::size_t r) noexcept
+        : mask(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(r)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
+    MHA_GEMM_INLINE B load(const float* p) const noexcept { return _mm256_maskload_ps(p, mask); }
+    MHA_GEMM_INLINE void store(const B& v, float* p) const noexcept { _mm256_maskstore_ps(p, mask, v); }
+};
+#endif
+
+#if defined(__AVX512F__)
+template <>
+struct Part<arch_avx512> {
+    using B = batch<arch_avx512>;
+    __mmask16 mask;
+    explicit MHA_GEMM_INLINE Part(std::size_t r) noexcept : mask(static_cast<__mmask16>((1u << r) - 1u)) {}
+    MHA_GEMM_INLINE B load(const float* p) const noexcept { return _mm512_maskz_loadu_ps(mask, p); }
+    MHA_GEMM_INLINE void store(const B& v, float* p) const noexcept { _mm512_mask_storeu_ps(p, mask, v); }
+};
+#endif
+
+// Reads one byte of each cache line of row[0, bytes / 4) in address order (bytes > 0): the line comes
+// into L1 now, in row order (see the header).
+template <class Arch>
+inline MHA_GEMM_INLINE void touch_row(const float* row, std::size_t bytes) noexcept {
+    const volatile char* t = reinterpret_cast<const volatile char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) (void)t[b];
+    (void)t[bytes - 1];  // the last line, when the row does not start on a line boundary
+}
+
+// Asks for each cache line of row[0, bytes / 4) to be brought into L2 (bytes > 0). Never faults.
+template <class Arch>
+inline MHA_GEMM_INLINE void prefetch_row_l2(const float* row, std::size_t bytes) noexcept {
+    const char* t = reinterpret_cast<const char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 2);
+    __builtin_prefetch(t + bytes - 1, 0, 2);
+}
+
+// The V rows an accumulate tile brings in as it goes, row i at its iteration i: `touch` rows (of the
+// chunk the tile works on) and `prefetch` rows (of the next chunk). Row stride ld, `bytes` per row.
+struct RowPlan {
+    const float* touch = nullptr;
+    std::size_t n_touch = 0;
+    const float* prefetch = nullptr;
+    std::size_t n_prefetch = 0;
+    std::size_t ld = 0, bytes = 0;
+};
+
+// ---- scores ----------------------------------------------------------------------------------------
+
+// Per 128-bit block, the partial sums of v0..v3: lane 4b + i of the result is
+// (v_i[4b] + v_i[4b + 2]) + (v_i[4b + 1] + v_i[4b + 3]).
+template <class Arch>
+inline MHA_GEMM_INLINE batch<Arch> block_sums4(const batch<Arch>& v0, const batch<Arch>& v1, const batch<Arch>& v2,
+                                        const batch<Arch>& v3) noexcept {
+    using B = batch<Arch>;
+    if constexpr (std::is_same_v<Arch, arch_avx512>) {
+        const B t01 = B(_mm512_unpacklo_ps(v0, v1)) + B(_mm512_unpackhi_ps(v0, v1));
+        const B t23 = B(_mm512_unpacklo_ps(v2, v3)) + B(_mm512_unpackhi_ps(v2, v3));
+        return B(_mm512_shuffle_ps(t01, t23, 0x44)) + B(_mm512_shuffle_ps(t01, t23, 0xEE));
+    } else if constexpr (std::is_same_v<Arch, arch_avx2>) {
+        const B t01 = B(_mm256_unpacklo_ps(v0, v1)) + B(_mm256_unpackhi_ps(v0, v1));
+        const B t23 = B(_mm256_unpacklo_ps(v2, v3)) + B(_mm256_unpackhi_ps(v2, v3));
+        return B(_mm256_shuffle_ps(t01, t23, 0x44)) + B(_mm256_shuffle_ps(t01, t23, 0xEE));
+    } else {
+        const B t01 = B(_mm_unpacklo_ps(v0, v1)) + B(_mm_unpackhi_ps(v0, v1));
+        const B t23 = B(_mm_unpacklo_ps(v2, v3)) + B(_mm_unpackhi_ps(v2, v3));
+        return B(_mm_shuffle_ps(t01, t23, 0x44)) + B(_mm_shuffle_ps(t01, t23, 0xEE));
+    }
+}
+
+// Writes scale·(lane sum of acc[m][j]) to s[m·lds + j] for m < QR, j < KR (acc [QB][4]).
+template <class Arch, std::size_t QR, std::size_t KR>
+inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Arch>::QB][4], float scale, float* s,
+                                  std::size_t lds) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t QB = DecodeTiles<Arch>::QB;
+    // sums[g] holds the sums of query rows [g·R, (g + 1)·R), R = W / 4, four keys per row.
+    constexpr std::size_t G = B::size == 4 ? QB : 1;
+    B sums[G];
+    B u[QB];
+    unroll<QB>([&](auto m) MHA_GEMM_INLINE { u[m] = block_sums4<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]); });
+    if constexpr (std::is_same_v<Arch, arch_avx512>) {
+        const B w01 = B(_mm512_shuffle_f32x4(u[0], u[1], 0x44)) + B(_mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+        const B w23 = B(_mm512_shuffle_f32x4(u[2], u[3], 0x44)) + B(_mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+        sums[0] = B(_mm512_shuffle_f32x4(w01, w23, 0x88)) + B(_mm512_shuffle_f32x4(w01, w23, 0xDD));
+    } else if constexpr (std::is_same_v<Arch, arch_avx2>) {
+        sums[0] = B(_mm256_permute2f128_ps(u[0], u[1], 0x20)) + B(_mm256_permute2f128_ps(u[0], u[1], 0x31));
+    } else {
+        unroll<QB>([&](auto m) MHA_GEMM_INLINE { sums[m] = u[m]; });
+    }
+    constexpr std::size_t R = B::size / 4;  // query rows per sums[g]
+    unroll<G>([&](auto g) MHA_GEMM_INLINE { sums[g] = sums[g] * B(scale); });
+    if constexpr (KR == 4) {
+        // One 128-bit store per query row.
+        unroll<QR>([&](auto m) MHA_GEMM_INLINE {
+            constexpr std::size_t g = decltype(m)::value / R, b = decltype(m)::value % R;
+            if constexpr (std::is_same_v<Arch, arch_avx512>)
+                _mm_storeu_ps(s + m * lds, _mm512_extractf32x4_ps(sums[g], b));
+            else if constexpr (std::is_same_v<Arch, arch_avx2>)
+                _mm_storeu_ps(s + m * lds, _mm256_extractf128_ps(sums[g], b));
+            else
+                sums[g].store_unaligned(s + m * lds);
+        });
+    } else {
+        alignas(64) float t[G * B::size];
+        unroll<G>([&](auto g) MHA_GEMM_INLINE { sums[g].store_aligned(t + g * B::size); });
+        for (std::size_t m = 0; m < QR; ++m)
+            for (std::size_t j = 0; j < KR; ++j) s[m * lds + j] = t[4 * m + j];
+    }
+}
+
+// One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB).
+template <class Arch, std::size_t QR, std::size_t KR>
+void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, const float* k, std::size_t ldk, float* s,
+                 std::size_t lds) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
+    B acc[QB][4];
+    unroll<QB>([&](auto m) MHA_GEMM_INLINE { unroll<4>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = B(0.0f); }); });
+    // One vector of columns from c on: KR key vectors, then each query vector against all of them.
+    auto step = [&](std::size_t c, auto load) MHA_GEMM_INLINE {
+        B kv[KR];
+        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load(k + j * ldk + c); });
+        unroll<QR>([&](auto m) MHA_GEMM_INLINE {
+            const B qv = load(q + m * ldq + c);
+            unroll<KR>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = fmadd<Arch>(qv, kv[j], acc[m][j]); });
+        });
+    };
+    const std::size_t body = d - d % W;
+    for (std::size_t c = 0; c < body; c += W) step(c, [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
+    if (body < d) {
+        const Part<Arch> part(d - body);
+        step(body, [&part](const float* p) MHA_GEMM_INLINE { return part.load(p); });
+    }
+    reduce_store<Arch, QR, KR>(acc, scale, s, lds);
+}
+
+template <class Arch>
+using ScoresTileFn = void (*)(std::size_t, float, const float*, std::size_t, const float*, std::size_t, float*,
+                              std::size_t) noexcept;
+
+// Plain arrays (indexing them calls no std::array member, which two ISA TUs would share).
+template <class Arch>
+struct ScoresTable {
+    ScoresTileFn<Arch> f[DecodeTiles<Arch>::QB][DecodeTiles<Arch>::KB];  // [rows - 1][keys - 1]
+};
+
+template <class Arch, std::size_t... I>
+constexpr ScoresTable<Arch> make_scores_table(std::index_sequence<I...>) {
+    constexpr std::size_t KB = DecodeTiles<Arch>::KB;
+    ScoresTable<Arch> t{};
+    ((t.f[I / KB][I % KB] = &scores_tile<Arch, I / KB + 1, I % KB + 1>), ...);
+    return t;
+}
+
+// ---- accumulate ------------------------------------------------------------------------------------
+
+// One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
+template <class Arch, std::size_t MR, std::size_t NF, bool P>
+void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float* v, std::size_t ldv, float* o,
+                     std::size_t ldo, std::size_t r, const RowPlan& plan) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
+    const Part<Arch> part(P ? r : 1);
+    auto load = [&](const float* x, auto i) MHA_GEMM_INLINE {
+        if constexpr (P && decltype(i)::value == NF)
+            return part.load(x + NF * W);
+        else
+            return B::load_unaligned(x + decltype(i)::value * W);
+    };
+    B acc[MR][NA];
+    unroll<MR>([&](auto m) MHA_GEMM_INLINE {
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = load(o + m * ldo, i); });
+    });
+    const std::size_t n_touch = plan.n_touch, n_prefetch = plan.n_prefetch;
+    for (std::size_t j = 0; j < n; ++j) {
+        if (j < n_touch) touch_row<Arch>(plan.touch + j * plan.ld, plan.bytes);
+        if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
+        B vv[NA];
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load(v, i); });
+        unroll<MR>([&](auto m) MHA_GEMM_INLINE {
+            const B pm(p[m * ldp]);
+            unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
+        });
+        p += 1;
+        v += ldv;
+    }
+    unroll<MR>([&](auto m) MHA_GEMM_INLINE {
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE {
+            if constexpr (P && decltype(i)::value == NF)
+                part.store(acc[m][i], o + m * ldo + NF * W);
+            else
+                acc[m][i].store_unaligned(o + m * ldo + i * W);
+        });
+    });
+}
+
+template <class Arch>
+using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t, float*,
+                                  std::size_t, std::size_t, const RowPlan&) noexcept;
+
+template <class Arch>
+struct AccumulateTable {
+    // [rows - 1][full vectors][partial vector]; null where there is no such tile (no columns, or more
+    // than NV vectors).
+    AccumulateTileFn<Arch> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV + 1][2];
+};
+
+template <class Arch, std::size_t MR, std::size_t NF, bool P>
+constexpr AccumulateTileFn<Arch> accumulate_entry() {
+    if constexpr (NF + P == 0 || NF + P > DecodeTiles<Arch>::NV)
+        return nullptr;
+    else
+        return &accumulate_tile<Arch, MR, NF, P>;
+}
+
+template <class Arch, std::size_t... I>
+constexpr AccumulateTable<Arch> make_accumulate_table(std::index_sequence<I...>) {
+    constexpr std::size_t C = 2 * (DecodeTiles<Arch>::NV + 1);
+    AccumulateTable<Arch> t{};
+    ((t.f[I / C][I % C / 2][I % 2] = accumulate_entry<Arch, I / C + 1, I % C / 2, I % 2 != 0>()), ...);
+    return t;
+}
+
+}  // namespace decode_detail
+
+template <class Arch>
+void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMatrix k, Matrix s) const noexcept {
+    using namespace decode_detail;
+    using T = DecodeTiles<Arch>;
+    constexpr std::size_t QB = T::QB, KB = T::KB;
+    static constexpr ScoresTable<Arch> table = make_scores_table<Arch>(std::make_index_sequence<QB * KB>{});
+    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(float);
+    // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
+    const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
+    for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
+        const std::size_t m_end = min_size(M, m0 + MQ);
+        const bool prefetch = (m_end - m0 + QB - 1) / QB > kScoresPrefetchTiles;
+        for (std::size_t j = 0; j < n; j += KB) {
+            const std::size_t kr = min_size(KB, n - j);
+            const float* kj = k.data + j * k.stride;
+            if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
+                for (std::size_t i = 0; i < kr; ++i) touch_row<Arch>(kj + i * k.stride, bytes);
+                if (prefetch)
+                    for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
+                        prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
+            }
+            for (std::size_t m = m0; m < m_end; m += QB) {
+                const std::size_t qr = min_size(QB, m_end - m);
+                const float* qm = q.data + m * q.stride;
+                float* sm = s.data + m * s.stride + j;
+                if (qr == QB && kr == KB)
+                    scores_tile<Arch, QB, KB>(d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                else
+                    table.f[qr - 1][kr - 1](d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+            }
+        }
+    }
+}
+
+template <class Arch>
+void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, ConstMatrix v, Matrix o) const noexcept {
+    using namespace decode_detail;
+    using T = DecodeTiles<Arch>;
+    constexpr std::size_t W = T::W, MB = T::MB, NV = T::NV;
+    static constexpr AccumulateTable<Arch> table =
+        make_accumulate_table<Arch>(std::make_index_sequence<MB * (NV + 1) * 2>{});
+    const std::size_t M = o.rows, n = v.rows, d = o.cols;
+    if (M == 0 || n == 0 || d == 0) return;
+    const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
+    const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
+    const std::size_t tail_full = full - blocks * NV;
+    const std::size_t query_tiles = (M + MB - 1) / MB;
+    const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
+    const bool few = query_tiles <= kFewQueryTiles;
+    const std::size_t J = max_size(4, (few ? kChunkFloatsFew : kChunkFloatsMany) / d);  // V rows per chunk
+    for (std::size_t j0 = 0; j0 < n; j0 += J) {
+        const std::size_t jn = min_size(J, n - j0);
+        const float* vj = v.data + j0 * v.stride;
+        // The next chunk's rows, prefetched a share per tile when compute-bound.
+        const std::size_t next = few || j0 + J >= n ? 0 : min_size(J, n - j0 - J);
+        const std::size_t share = (next + tiles - 1) / tiles;
+        std::size_t t = 0;  // tiles of this chunk so far
+        auto plan = [&]() {
+            RowPlan rp;
+            rp.ld = v.stride;
+            rp.bytes = d * sizeof(float);
+            if (t == 0) {  // the first tile touches the chunk's rows
+                rp.touch = vj;
+                rp.n_touch = jn;
+            }
+            const std::size_t first = min_size(t * share, next);
+            rp.n_prefetch = min_size(min_size(share, next - first), jn);
+            if (rp.n_prefetch != 0) rp.prefetch = vj + (J + first) * v.stride;
+            ++t;
+            return rp;
+        };
+        for (std::size_t m = 0; m < M; m += MB) {
+            const std::size_t mr = min_size(MB, M - m);
+            const float* pm = p.data + m * p.stride + j0;
+            float* om = o.data + m * o.stride;
+            for (std::size_t b = 0; b < blocks; ++b) {
+                const std::size_t c = b * NV * W;
+                const RowPlan rp = plan();
+                if (mr == MB)
+                    accumulate_tile<Arch, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
+                else
+                    table.f[mr - 1][NV][0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
+            }
+            if (tail_full != 0 || r != 0) {
+                const std::size_t c = blocks * NV * W;
+                const RowPlan rp = plan();
+                table.f[mr - 1][tail_full][r != 0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, r, rp);
+            }
+        }
+    }
+}
+
+}  // namespace mha::simd
