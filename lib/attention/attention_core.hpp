@@ -6,10 +6,11 @@
 //   grouped (fused): per (batch, KV head, query block) the G query heads' rows are stacked into one
 //     [G·rows, d] block and run against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM
 //     panels once per call (reads each K and V row once per group), key tiles with the online softmax;
-//   decode (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of the keys) the G·Lq stacked
-//     rows against the split's keys read in place (tile by tile, each K/V tile packed into L2 by the GEMM:
-//     every cached row read once per group, no per-call copy of the cache), online softmax; the splits'
-//     (max, sum, output) are merged exactly by rescaling (flash-decoding). Splits depend on the shape only;
+//   decode (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of 512 keys) the G·Lq stacked
+//     rows against the split's keys read in place by the decode kernels (simd::decode_scores, then the split's
+//     softmax, then simd::decode_accumulate: every cached row read once per group, no copy of the cache);
+//     the splits' (max, sum, output) are merged exactly by rescaling (flash-decoding). Splits depend on the
+//     shape only;
 //   materialized: per (batch, query head, 64 query rows) the scores [rows, Lk] and a plain softmax; the
 //     only path that can return the probabilities (need_weights). It reads K and V once per (query head,
 //     64-row query block).
