@@ -73,6 +73,13 @@ std::size_t group_query_rows(std::size_t G, std::size_t Lq) {
     return std::min(Lq, std::max<std::size_t>(1, kGroupRows / G));
 }
 
+// The online softmax's state before the first key: maxima -inf, sums 0, outputs 0 (o has o.rows rows).
+void reset_online_softmax(float* row_max, float* row_sum, Matrix o) {
+    std::fill(row_max, row_max + o.rows, kMinusInf);
+    std::fill(row_sum, row_sum + o.rows, 0.0f);
+    for (std::size_t r = 0; r < o.rows; ++r) std::fill(o.row(r), o.row(r) + o.cols, 0.0f);
+}
+
 }  // namespace
 
 std::uint64_t kv_rows_read() noexcept { return g_kv_rows_read.load(std::memory_order_relaxed); }
@@ -270,9 +277,7 @@ void AttentionCore::decode_task(std::size_t b, std::size_t kvh, std::size_t spli
     const Matrix o(s.accumulator, m, d, d);
     float* row_max = s.row_stats;
     float* row_sum = row_max + m;
-    std::fill(row_max, row_max + m, kMinusInf);
-    std::fill(row_sum, row_sum + m, 0.0f);
-    for (std::size_t r = 0; r < m; ++r) std::fill(o.row(r), o.row(r) + d, 0.0f);
+    reset_online_softmax(row_max, row_sum, o);
 
     const std::size_t key_end = visible_keys(b, Lq_ - 1);
     std::size_t j0 = split * kDecodeSplit, j_end = std::min(key_end, j0 + kDecodeSplit);
@@ -358,9 +363,7 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
     const Matrix o(s.accumulator, m, d, d);
     float* row_max = s.row_stats;
     float* row_sum = row_max + m;
-    std::fill(row_max, row_max + m, kMinusInf);
-    std::fill(row_sum, row_sum + m, 0.0f);
-    for (std::size_t r = 0; r < m; ++r) std::fill(o.row(r), o.row(r) + d, 0.0f);
+    reset_online_softmax(row_max, row_sum, o);
 
     const simd::PanelMatrix k_t = key_panels(b, kvh), v = value_panels(b, kvh);
     const simd::MaskRow padding = key_padding_row(b);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "npy.hpp"
+#include "tool_files.hpp"
 #include "tool_process.hpp"
 
 namespace {
@@ -32,14 +33,8 @@ namespace fs = std::filesystem;
 using Shape = std::vector<std::size_t>;
 using mha_tool_test::Result;
 
-std::vector<float> random_floats(std::size_t n, float amplitude, std::mt19937& rng) {
-    std::uniform_real_distribution<float> d(-amplitude, amplitude);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-void save(const fs::path& p, const std::vector<float>& v, const Shape& s) { mha::npy::save(p.string(), v.data(), s); }
+using mha_tool_test::random_floats;
+using mha_tool_test::save;
 
 // An integer .npy file ('<i4' int32 or '<i8' int64), little-endian, as NumPy writes it.
 void save_ints(const fs::path& p, const std::vector<std::int64_t>& v, const Shape& s, bool int64) {

@@ -21,6 +21,7 @@
 #include <mha/sdpa.hpp>
 
 #include "npy.hpp"
+#include "tool_files.hpp"
 #include "tool_process.hpp"
 
 namespace {
@@ -29,14 +30,8 @@ namespace fs = std::filesystem;
 using Shape = std::vector<std::size_t>;
 using mha_tool_test::Result;
 
-std::vector<float> random_floats(std::size_t n, float amplitude, std::mt19937& rng) {
-    std::uniform_real_distribution<float> d(-amplitude, amplitude);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-void save(const fs::path& p, const std::vector<float>& v, const Shape& s) { mha::npy::save(p.string(), v.data(), s); }
+using mha_tool_test::random_floats;
+using mha_tool_test::save;
 
 enum class Causal { none, top_left, bottom_right };
 enum class Masks { none, bool_kpm_float_2d, float_kpm_uint8_3d, float_3d };
