@@ -85,6 +85,49 @@ std::vector<float> random_values(std::size_t n, float amplitude, std::mt19937& r
     return v;
 }
 
+// A layer with random weights that keep the projections O(1): nn.MultiheadAttention's packed in_proj_weight
+// for its shape (Hkv = H, H·d = E, kdim = vdim = E), the separate q/k/v weights otherwise; biases present.
+// The weights are packed by the constructor, so the vectors may go.
+MultiheadAttention random_layer(std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim,
+                                std::size_t vdim, std::optional<float> rope_theta, std::mt19937& rng) {
+    const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
+    const bool packed = Hkv == H && Hd == E && kdim == E && vdim == E;
+    const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));
+    const float k_amp = 1.0f / std::sqrt(static_cast<float>(kdim)), v_amp = 1.0f / std::sqrt(static_cast<float>(vdim));
+    std::vector<float> in_w, q_w, k_w, v_w;
+    if (packed) {
+        in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
+    } else {
+        q_w = random_values(count_of("q_proj_weight", {Hd, E}), w_amp, rng);
+        k_w = random_values(count_of("k_proj_weight", {Hkvd, kdim}), k_amp, rng);
+        v_w = random_values(count_of("v_proj_weight", {Hkvd, vdim}), v_amp, rng);
+    }
+    const std::vector<float> in_b = random_values(Hd + 2 * Hkvd, w_amp, rng);
+    const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, Hd}), 1.0f / std::sqrt(float(Hd)), rng);
+    const std::vector<float> out_b = random_values(E, w_amp, rng);
+    AttentionWeights w;
+    w.in_proj_weight = packed ? in_w.data() : nullptr;
+    w.q_proj_weight = packed ? nullptr : q_w.data();
+    w.k_proj_weight = packed ? nullptr : k_w.data();
+    w.v_proj_weight = packed ? nullptr : v_w.data();
+    w.in_proj_bias = in_b.data();
+    w.out_proj_weight = out_w.data();
+    w.out_proj_bias = out_b.data();
+    AttentionConfig config;
+    config.embed_dim = E;
+    config.num_heads = H;
+    config.num_kv_heads = Hkv;
+    config.head_dim = d;
+    config.kdim = kdim;
+    config.vdim = vdim;
+    if (rope_theta) {
+        RopeConfig rope;
+        rope.theta = *rope_theta;
+        config.rope = rope;
+    }
+    return MultiheadAttention(w, config);
+}
+
 const char* op_name(BenchOp op) {
     switch (op) {
         case BenchOp::attention: return "attention";
@@ -141,49 +184,16 @@ void bench_command(const BenchOptions& opt) {
             const std::size_t d = opt.head_dim.value_or(E / H);
             const std::size_t kdim = opt.kdim.value_or(E), vdim = opt.vdim.value_or(kdim);
             const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
-            // nn.MultiheadAttention's shape uses the packed in_proj_weight; any other the separate q/k/v weights.
+            // nn.MultiheadAttention's shape (random_layer packs its in_proj_weight): the readable line omits kdim/vdim.
             const bool packed = Hkv == H && Hd == E && kdim == E && vdim == E;
-            const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));  // keeps projections O(1)
-            const float k_amp = 1.0f / std::sqrt(static_cast<float>(kdim)), v_amp = 1.0f / std::sqrt(static_cast<float>(vdim));
             const std::vector<float> query = random_values(count_of("query", {B, L, E}), 1.0f, rng);
             // Self-attention (key = value = query) unless the lengths or widths differ.
             const bool own_key = Lk != L || kdim != E, own_value = vdim != kdim;
             const std::vector<float> key = own_key ? random_values(count_of("key", {B, Lk, kdim}), 1.0f, rng) : std::vector<float>{};
             const std::vector<float> value =
                 own_value ? random_values(count_of("value", {B, Lk, vdim}), 1.0f, rng) : std::vector<float>{};
-            std::vector<float> in_w, q_w, k_w, v_w;
-            if (packed) {
-                in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
-            } else {
-                q_w = random_values(count_of("q_proj_weight", {Hd, E}), w_amp, rng);
-                k_w = random_values(count_of("k_proj_weight", {Hkvd, kdim}), k_amp, rng);
-                v_w = random_values(count_of("v_proj_weight", {Hkvd, vdim}), v_amp, rng);
-            }
-            const std::vector<float> in_b = random_values(Hd + 2 * Hkvd, w_amp, rng);
-            const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, Hd}), 1.0f / std::sqrt(float(Hd)), rng);
-            const std::vector<float> out_b = random_values(E, w_amp, rng);
             std::vector<float> output(query.size());
-            AttentionWeights w;
-            w.in_proj_weight = packed ? in_w.data() : nullptr;
-            w.q_proj_weight = packed ? nullptr : q_w.data();
-            w.k_proj_weight = packed ? nullptr : k_w.data();
-            w.v_proj_weight = packed ? nullptr : v_w.data();
-            w.in_proj_bias = in_b.data();
-            w.out_proj_weight = out_w.data();
-            w.out_proj_bias = out_b.data();
-            AttentionConfig config;
-            config.embed_dim = E;
-            config.num_heads = H;
-            config.num_kv_heads = Hkv;
-            config.head_dim = d;
-            config.kdim = kdim;
-            config.vdim = vdim;
-            if (opt.rope_theta) {
-                RopeConfig rope;
-                rope.theta = *opt.rope_theta;
-                config.rope = rope;
-            }
-            const MultiheadAttention attention(w, config);
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, kdim, vdim, opt.rope_theta, rng);
             AttentionInputs in;
             in.query = ConstBatch(query.data(), B, L, E);
             if (own_key) in.key = ConstBatch(key.data(), B, Lk, kdim);  // cross-attention; else self-attention
@@ -260,40 +270,9 @@ void bench_command(const BenchOptions& opt) {
             const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
             std::size_t capacity = 0;
             if (__builtin_add_overflow(Lk, Lq, &capacity)) throw tool_error("--kv-seq + --seq overflows size_t");
-            const bool packed = Hkv == H && Hd == E;
-            const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));
             const std::vector<float> query = random_values(count_of("query", {B, Lq, E}), 1.0f, rng);
-            std::vector<float> in_w, q_w, k_w, v_w;
-            if (packed) {
-                in_w = random_values(count_of("in_proj_weight", {3, E, E}), w_amp, rng);
-            } else {
-                q_w = random_values(count_of("q_proj_weight", {Hd, E}), w_amp, rng);
-                k_w = random_values(count_of("k_proj_weight", {Hkvd, E}), w_amp, rng);
-                v_w = random_values(count_of("v_proj_weight", {Hkvd, E}), w_amp, rng);
-            }
-            const std::vector<float> in_b = random_values(Hd + 2 * Hkvd, w_amp, rng);
-            const std::vector<float> out_w = random_values(count_of("out_proj_weight", {E, Hd}), 1.0f / std::sqrt(float(Hd)), rng);
-            const std::vector<float> out_b = random_values(E, w_amp, rng);
             std::vector<float> output(query.size());
-            AttentionWeights w;
-            w.in_proj_weight = packed ? in_w.data() : nullptr;
-            w.q_proj_weight = packed ? nullptr : q_w.data();
-            w.k_proj_weight = packed ? nullptr : k_w.data();
-            w.v_proj_weight = packed ? nullptr : v_w.data();
-            w.in_proj_bias = in_b.data();
-            w.out_proj_weight = out_w.data();
-            w.out_proj_bias = out_b.data();
-            AttentionConfig config;
-            config.embed_dim = E;
-            config.num_heads = H;
-            config.num_kv_heads = Hkv;
-            config.head_dim = d;
-            if (opt.rope_theta) {
-                RopeConfig rope;
-                rope.theta = *opt.rope_theta;
-                config.rope = rope;
-            }
-            const MultiheadAttention attention(w, config);
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, rng);
             // The cached tokens: random K and V, Lk rows per (sequence, KV head), appended sequence by sequence.
             KVCache cache(B, Hkv, d, capacity);
             {

@@ -31,6 +31,18 @@ void require_shape(const Input& in, const std::vector<std::size_t>& want, const 
         fail(in.file + " has shape " + in.shape_str() + " but must be " + formula + " = " + npy::shape_string(want));
 }
 
+void require_attn_mask_shape(const Input& mask, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk,
+                             const std::string& from) {
+    const auto& s = mask.shape();
+    std::size_t BH = 0;
+    const bool bh_fits = !__builtin_mul_overflow(B, H, &BH);
+    const bool ok = (s.size() == 2 && s[0] == Lq && s[1] == Lk) || (s.size() == 3 && bh_fits && s[0] == BH && s[1] == Lq && s[2] == Lk);
+    if (!ok)
+        fail(mask.file + " has shape " + mask.shape_str() + " but must be [Lq, Lk] = " + npy::shape_string({Lq, Lk}) +
+             " or [B·H, Lq, Lk] = [" + std::to_string(B) + "·" + std::to_string(H) + ", " + std::to_string(Lq) + ", " +
+             std::to_string(Lk) + "]" + from);
+}
+
 MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims) {
     const bool boolean = in.array.dtype == npy::DType::boolean || in.array.dtype == npy::DType::uint8;
     const std::uint8_t* bools = in.array.bytes.data();

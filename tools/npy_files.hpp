@@ -36,6 +36,11 @@ void require_float(const Input& in);
 // A tool_error "<file> has shape [..] but must be <formula> = [..]" unless the shape is `want`.
 void require_shape(const Input& in, const std::vector<std::size_t>& want, const std::string& formula);
 
+// A tool_error unless attn_mask.npy is [Lq, Lk] or [B·H, Lq, Lk]; `from` ends the message (where B, H, Lq
+// and Lk came from).
+void require_attn_mask_shape(const Input& mask, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk,
+                             const std::string& from);
+
 // A mask file (bool/uint8: nonzero = masked; float: added to the scores) as the library's view with dims
 // (rank 2 or 3; the file's own shape, or e.g. [1, Lk] for an unbatched key_padding_mask).
 MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims);

@@ -267,17 +267,7 @@ void run_command(const RunOptions& opt) {
                  " and " + key_or_query.file + " " + key_or_query.shape_str() + ")");
     }
     const std::optional<Input> attn_mask = load_input(dir, "attn_mask.npy", false);
-    if (attn_mask) {
-        const auto& s = attn_mask->shape();
-        std::size_t BH = 0;
-        const bool bh_fits = !__builtin_mul_overflow(B, H, &BH);
-        const bool ok = (s.size() == 2 && s[0] == Lq && s[1] == Lk) ||
-                        (s.size() == 3 && bh_fits && s[0] == BH && s[1] == Lq && s[2] == Lk);
-        if (!ok)
-            fail("attn_mask.npy has shape " + attn_mask->shape_str() + " but must be [Lq, Lk] = " +
-                 npy::shape_string({Lq, Lk}) + " or [B·H, Lq, Lk] = [" + str(B) + "·" + str(H) + ", " + str(Lq) + ", " +
-                 str(Lk) + "]");
-    }
+    if (attn_mask) require_attn_mask_shape(*attn_mask, B, H, Lq, Lk, "");
 
     // The past: past_key.npy / past_value.npy [B, Hkv, Lp, d] ([Hkv, Lp, d] unbatched), past_lengths.npy [B] ([]).
     std::optional<Input> past_k, past_v, past_len;

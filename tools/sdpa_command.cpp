@@ -57,17 +57,7 @@ void sdpa_command(const SdpaCommandOptions& opt) {
         fail("key_padding_mask.npy has shape " + kpm->shape_str() + " but must be [B, Lk] = " + npy::shape_string({B, Lk}) +
              " (B from q.npy " + q.shape_str() + ", Lk from k.npy " + k.shape_str() + ")");
     const std::optional<Input> attn_mask = load_input(dir, "attn_mask.npy", false);
-    if (attn_mask) {
-        const auto& s = attn_mask->shape();
-        std::size_t BH = 0;
-        const bool bh_fits = !__builtin_mul_overflow(B, H, &BH);
-        const bool ok = (s.size() == 2 && s[0] == Lq && s[1] == Lk) ||
-                        (s.size() == 3 && bh_fits && s[0] == BH && s[1] == Lq && s[2] == Lk);
-        if (!ok)
-            fail("attn_mask.npy has shape " + attn_mask->shape_str() + " but must be [Lq, Lk] = " +
-                 npy::shape_string({Lq, Lk}) + " or [B·H, Lq, Lk] = [" + str(B) + "·" + str(H) + ", " + str(Lq) + ", " +
-                 str(Lk) + "] (from q.npy " + q.shape_str() + " and k.npy " + k.shape_str() + ")");
-    }
+    if (attn_mask) require_attn_mask_shape(*attn_mask, B, H, Lq, Lk, " (from q.npy " + q.shape_str() + " and k.npy " + k.shape_str() + ")");
 
     // --- compute (the library validates the rest, e.g. the scale, and throws mha::invalid_argument) ---
     SdpaInputs in;

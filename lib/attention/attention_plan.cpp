@@ -144,10 +144,8 @@ void LayerPlan::project_few_tokens() const {
         for (std::size_t b = r.begin(); b != r.end(); ++b) {
             float* tab = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.rope_table;
             const Matrix rows = qkv.row_block(b * Lq_, Lq_);
-            rotate(rows.columns(0, qw), st_.H, start_position(b), tab);  // Lq <= kFewTokens = kRowBlock rows
-            const std::size_t half = st_.rope->dims / 2;
-            for (std::size_t h = 0; h < st_.Hkv; ++h)
-                rope_rows(rows.columns(qw + h * st_.d, st_.d), st_.rope->dims, st_.rope->style, tab, tab + kRowBlock * half);
+            // The Q heads and then the K heads: H + Hkv consecutive d-wide heads at the same positions.
+            rotate(rows.columns(0, qw + kvw), st_.H + st_.Hkv, start_position(b), tab);  // Lq <= kFewTokens = kRowBlock
         }
     });
 }
@@ -191,13 +189,8 @@ void LayerPlan::project_inputs() const {
                     simd::gemm_packed(1.0f, x, Trans::no, st_.projection(1), 0.0f, st_.bias(1), qkv.columns(qw, kvw));
                     simd::gemm_packed(1.0f, x, Trans::no, st_.projection(2), 0.0f, st_.bias(2), qkv.columns(qw + kvw, kvw));
                 }
-                if (rope) {  // one angle table for the block's Q and K rows (same positions: Lq == Lk)
-                    float* tab = table();
-                    rotate(qkv.columns(0, qw), H, start_position(b) + r0, tab);
-                    const std::size_t half = st_.rope->dims / 2;
-                    for (std::size_t h = 0; h < Hkv; ++h)
-                        rope_rows(qkv.columns(qw + h * st_.d, st_.d), st_.rope->dims, st_.rope->style, tab, tab + kRowBlock * half);
-                }
+                // Q and K heads are H + Hkv consecutive d-wide heads at the same positions (Lq == Lk): one table.
+                if (rope) rotate(qkv.columns(0, qw + kvw), H + Hkv, start_position(b) + r0, table());
             }
         });
         return;
