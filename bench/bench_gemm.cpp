@@ -40,7 +40,7 @@ void set_flops(benchmark::State& state, std::size_t m, std::size_t n, std::size_
 // Caps the ISA for one benchmark and restores the default (best) afterwards.
 struct IsaCap {
     explicit IsaCap(mha::Isa isa) { mha::set_isa_cap(isa); }
-    ~IsaCap() { mha::set_isa_cap(mha::Isa::avx512); }
+    ~IsaCap() { mha::set_isa_cap(mha::Isa::avx512_bf16); }
 };
 
 // C[M, N] = A[M, K]·B[N, K]ᵀ. Args: M, N, K, isa (2 avx512, 1 avx2, 0 sse2; -1: scalar reference).
@@ -49,7 +49,7 @@ void BM_Linear(benchmark::State& state) {
     const auto a = random_vector(m * k, 1), b = random_vector(n * k, 2);
     std::vector<float> c(m * n);
     const bool scalar = state.range(3) < 0;
-    IsaCap cap(scalar ? mha::Isa::avx512 : mha::Isa(state.range(3)));
+    IsaCap cap(scalar ? mha::Isa::avx512_bf16 : mha::Isa(state.range(3)));
     const auto backend = scalar ? mha::Backend::scalar : mha::Backend::simd;
     for (auto _ : state) {
         mha::gemm(1.0f, ConstMatrix(a.data(), m, k), Trans::no, ConstMatrix(b.data(), n, k), Trans::yes, 0.0f,
@@ -84,7 +84,7 @@ void BM_HeadQK(benchmark::State& state) {
     const auto q = random_vector(lq * ld, 1), kv = random_vector(lk * ld, 2);
     std::vector<float> s(lq * lk);
     const bool scalar = state.range(3) < 0;
-    IsaCap cap(scalar ? mha::Isa::avx512 : mha::Isa(state.range(3)));
+    IsaCap cap(scalar ? mha::Isa::avx512_bf16 : mha::Isa(state.range(3)));
     const auto backend = scalar ? mha::Backend::scalar : mha::Backend::simd;
     for (auto _ : state) {
         mha::gemm(0.125f, ConstMatrix(q.data() + 64, lq, d, ld), Trans::no, ConstMatrix(kv.data() + 832, lk, d, ld),
@@ -103,7 +103,7 @@ void BM_HeadPV(benchmark::State& state) {
     const auto p = random_vector(lq * lk, 1), v = random_vector(lk * ld, 2);
     std::vector<float> c(lq * ldc);
     const bool scalar = state.range(3) < 0;
-    IsaCap cap(scalar ? mha::Isa::avx512 : mha::Isa(state.range(3)));
+    IsaCap cap(scalar ? mha::Isa::avx512_bf16 : mha::Isa(state.range(3)));
     const auto backend = scalar ? mha::Backend::scalar : mha::Backend::simd;
     for (auto _ : state) {
         mha::gemm(1.0f, ConstMatrix(p.data(), lq, lk), Trans::no, ConstMatrix(v.data() + 1600, lk, d, ld), Trans::no,

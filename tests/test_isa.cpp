@@ -11,7 +11,7 @@
 
 namespace {
 
-constexpr mha::Isa kAll[] = {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512};
+constexpr mha::Isa kAll[] = {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512, mha::Isa::avx512_bf16};
 
 TEST(Isa, NamesRoundTrip) {
     EXPECT_EQ(mha::isa_name(mha::Isa::sse2), "sse2");
@@ -44,7 +44,7 @@ TEST(Isa, CapLimitsActiveIsa) {
         EXPECT_EQ(mha::active_isa(), want) << "cap " << mha::isa_name(cap);
         EXPECT_EQ(mha::detected_isa(), detected);  // the cap never changes detection
     }
-    mha::set_isa_cap(mha::Isa::avx512);
+    mha::set_isa_cap(mha::Isa::avx512_bf16);
     EXPECT_EQ(mha::active_isa(), detected);
 }
 

@@ -161,7 +161,7 @@ TEST_P(NonFiniteValues, MaskedKeysNeverContribute) {
             EXPECT_GT(poisoned_rows, 0u);
         }
     }
-    mha::set_isa_cap(mha::Isa::avx512);
+    mha::set_isa_cap(mha::Isa::avx512_bf16);
 }
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();

@@ -182,7 +182,7 @@ TEST_P(PyTorchLarge, MatchesPyTorch) {
         }
       }
     }
-    mha::set_isa_cap(mha::Isa::avx512);
+    mha::set_isa_cap(mha::Isa::avx512_bf16);
 }
 
 INSTANTIATE_TEST_SUITE_P(PyTorch, PyTorchLarge,

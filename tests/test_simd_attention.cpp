@@ -215,7 +215,7 @@ void for_each_isa(F f) {
         SCOPED_TRACE(mha::isa_name(isa));
         f();
     }
-    mha::set_isa_cap(mha::Isa::avx512);
+    mha::set_isa_cap(mha::Isa::avx512_bf16);
 }
 
 TEST(SimdAttention, ShapesAndHeadDims) {

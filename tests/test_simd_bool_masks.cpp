@@ -27,7 +27,7 @@ protected:
         if (GetParam() > mha::detected_isa()) GTEST_SKIP() << "CPU lacks " << mha::isa_name(GetParam());
         mha::set_isa_cap(GetParam());
     }
-    void TearDown() override { mha::set_isa_cap(mha::Isa::avx512); }
+    void TearDown() override { mha::set_isa_cap(mha::Isa::avx512_bf16); }
 };
 
 TEST_P(BoolMasks, BytesEqualAdditive) {

@@ -66,6 +66,7 @@ double gamma_k(double k) { return k * kU / (1.0 - k * kU); }
 
 std::size_t lanes(Isa isa) {
     switch (isa) {
+        case Isa::avx512_bf16:
         case Isa::avx512: return 16;
         case Isa::avx2: return 8;
         case Isa::sse2: break;
@@ -245,7 +246,7 @@ protected:
         ASSERT_EQ(mha::active_isa(), GetParam());
     }
     void TearDown() override { mha::set_isa_cap(saved_); }
-    Isa saved_ = Isa::avx512;
+    Isa saved_ = Isa::avx512_bf16;
 };
 
 std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return std::string(mha::isa_name(info.param)); }

@@ -60,6 +60,7 @@ Tile tile_of() {
 }
 Tile tile_for(Isa isa) {
     switch (isa) {
+        case Isa::avx512_bf16:
         case Isa::avx512: return tile_of<mha::simd::arch_avx512>();
         case Isa::avx2: return tile_of<mha::simd::arch_avx2>();
         case Isa::sse2: break;
@@ -182,7 +183,7 @@ protected:
         ASSERT_EQ(mha::active_isa(), GetParam());
         tile = tile_for(GetParam());
     }
-    void TearDown() override { mha::set_isa_cap(Isa::avx512); }
+    void TearDown() override { mha::set_isa_cap(Isa::avx512_bf16); }
     Tile tile{};
 };
 

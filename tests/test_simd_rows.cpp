@@ -143,7 +143,7 @@ protected:
         mha::set_isa_cap(GetParam());
         ASSERT_EQ(mha::active_isa(), GetParam());
     }
-    void TearDown() override { mha::set_isa_cap(mha::Isa::avx512); }
+    void TearDown() override { mha::set_isa_cap(mha::Isa::avx512_bf16); }
 };
 
 std::string isa_param_name(const ::testing::TestParamInfo<mha::Isa>& info) {

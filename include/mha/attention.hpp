@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 
+#include "mha/half.hpp"
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"
@@ -76,6 +77,14 @@ struct AttentionConfig {
     std::size_t kdim = 0;          // key features; 0: E
     std::size_t vdim = 0;          // value features; 0: E
     std::optional<RopeConfig> rope;
+    // Element type of the GEMM operands (the SIMD backend). f32: as given. bf16: the inputs, weights, Q, K, V,
+    // the softmax probabilities P (only as the input of P·V) and the attention output (the input of the
+    // output projection) are rounded to bfloat16 (nearest even) and multiplied with fp32 accumulation;
+    // biases, softmax, its running state, RoPE and layernorm stay fp32. With AVX512_BF16 (Isa::avx512_bf16)
+    // the products run on vdpbf16ps; otherwise the rounded values go through the fp32 kernels (same
+    // roundings, not faster). The scalar backend rounds at the same points and accumulates in double.
+    // f16 is not a compute type (it is a KV cache element type).
+    DataType compute = DataType::f32;
 };
 
 // Causal alignment: top_left masks key j for query i when j > i; bottom_right when j > i + Lk − Lq

@@ -4,9 +4,13 @@
 
 namespace mha {
 
-enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2 };  // ordered: a later one implies the earlier ones
+// Ordered: a later one implies the earlier ones. avx512_bf16 adds AVX512_BF16 (vdpbf16ps) to avx512: the fp32
+// kernels run as on avx512 and bf16 GEMMs use the bf16 dot-product microkernel; below it, bf16 data is
+// widened to fp32 and the fp32 kernels run (same values, not faster).
+enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
 
-// Name as used by MHA_ISA and the tools: "sse2", "avx2" (AVX2 + FMA), "avx512" (F/CD/DQ/BW/VL).
+// Name as used by MHA_ISA and the tools: "sse2", "avx2" (AVX2 + FMA + F16C), "avx512" (F/CD/DQ/BW/VL),
+// "avx512_bf16" (avx512 + AVX512_BF16).
 std::string_view isa_name(Isa isa) noexcept;
 // Parses a name from isa_name(); throws mha::invalid_argument for anything else.
 Isa parse_isa(std::string_view name);

@@ -2,6 +2,7 @@
 #pragma once
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
+#include "mha/half.hpp"
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
 #include "mha/kv_cache.hpp"

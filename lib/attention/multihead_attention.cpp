@@ -58,6 +58,8 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     if (cfg.head_dim == 0 && E % H != 0)
         fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
              " (set head_dim to choose the head dim)");
+    if (cfg.compute == DataType::f16)
+        fail("compute type f16 is not supported (f32 or bf16; f16 is a KV cache element type)");
     const std::size_t d = cfg.head_dim != 0 ? cfg.head_dim : E / H;
     const std::size_t kdim = cfg.kdim != 0 ? cfg.kdim : E, vdim = cfg.vdim != 0 ? cfg.vdim : E;
     const std::size_t qw = checked_madd(H, d, 0, "num_heads × head_dim", "size");
@@ -97,6 +99,7 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
 
     auto s = std::make_unique<State>();
     s->E = E, s->H = H, s->Hkv = Hkv, s->d = d, s->kdim = kdim, s->vdim = vdim, s->rope = rope;
+    s->compute = cfg.compute;
     if (rope) s->rope_freq = detail::rope_frequencies(rope->theta, rope->dims);
     s->in_b.assign(in_rows, 0.0f);
     if (w.in_proj_bias) std::copy(w.in_proj_bias, w.in_proj_bias + in_rows, s->in_b.begin());

@@ -15,6 +15,7 @@ namespace mha {
 
 struct MultiheadAttention::State {
     std::size_t E = 0, H = 0, Hkv = 0, d = 0, kdim = 0, vdim = 0;
+    DataType compute = DataType::f32;  // AttentionConfig::compute
     std::optional<RopeConfig> rope;   // dims resolved
     std::vector<double> rope_freq;    // θ_k = theta^(−2k/r), k < r/2
     std::vector<float> in_b;          // [H·d + 2·Hkv·d]: bq; bk; bv

@@ -23,6 +23,7 @@ using arch_sse2 = xsimd::sse2;
 template <class Kernel, class... Args>
 decltype(auto) dispatch(Isa isa, const Kernel& kernel, Args&&... args) {
     switch (isa) {
+        case Isa::avx512_bf16:  // the fp32 kernels of avx512; bf16 GEMMs dispatch on their own (gemm_bf16.hpp)
         case Isa::avx512: return kernel(arch_avx512{}, std::forward<Args>(args)...);
         case Isa::avx2: return kernel(arch_avx2{}, std::forward<Args>(args)...);
         case Isa::sse2: break;
