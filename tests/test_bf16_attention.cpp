@@ -1,0 +1,306 @@
+// bf16 compute (AttentionConfig::compute = DataType::bf16), checked with the bounds of docs/bf16-accuracy.md
+// (derived per element by tests/bf16_test_util.hpp):
+//   the scalar reference's bf16 mode against the float64 oracle (kBf16Safety·e) and against the bf16 center
+//   evaluation (kBf16Safety·d); the fp32 reference must break the tight bound 2·kBf16Safety·d on every case
+//   (the tight bound tells bf16 from fp32, so a SIMD path that ignored compute would fail);
+//   the SIMD backend with compute bf16 against the bf16 reference (2·kBf16Safety·d) and the oracle, on every
+//   ISA of this CPU (sse2, avx2, avx512 widen bf16 to the fp32 kernels; avx512_bf16 runs vdpbf16ps) and every
+//   impl: BERT-like self-attention with post-norm, GQA + RoPE causal, cross-attention with kdim / vdim,
+//   masks, need_weights, KV cache decode steps, odd sizes and tails (E, d not multiples of 16, odd K, Lk 257).
+// Inputs and weights: uniform, like nn.Linear's init (±gain/√fan_in) and inputs in [-1, 1]; fixed seeds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mha/mha.hpp>
+
+#include "attention_test_util.hpp"
+#include "bf16_test_util.hpp"
+#include "compare_util.hpp"
+
+namespace {
+
+using mha_bf16::kBf16Safety;
+using mha_bf16::scaled;
+
+// The bounds must stay meaningful: the oracle bound (kBf16Safety·e) below kMaxOracleBound of the largest
+// output, the tight bound (2·kBf16Safety·d) below kMaxTightBound.
+constexpr double kMaxOracleBound = 0.05, kMaxTightBound = 0.02;
+
+struct Case {
+    const char* name;
+    std::size_t E, H, Hkv, d, kdim = 0, vdim = 0;  // kdim / vdim 0: E
+    std::size_t B = 1, Lq = 1, Lk = 1;
+    bool self = false;    // key = value = query (Lk = Lq)
+    bool packed = false;  // nn.MultiheadAttention's constructor (in_proj_weight [3E, E]); needs H·d = E, Hkv = H
+    std::optional<mha::RopeConfig> rope{};
+    std::size_t position_offset = 0;
+    bool causal = false;
+    mha::CausalAlignment alignment = mha::CausalAlignment::top_left;
+    int key_padding = 0;  // 0 none, 1 bool, 2 float
+    int attn_mask = 0;    // 0 none, 1 2-D bool, 2 2-D additive, 3 3-D bool, 4 3-D additive
+    std::optional<float> norm_eps{};
+    float gain = 1.0f;  // Wq and Wk drawn gain times nn.Linear's init (peaked softmax rows)
+};
+
+std::vector<float> uniform(std::size_t n, float bound, std::uint32_t seed) { return mha_test::random_floats(n, -bound, bound, seed); }
+
+struct Data {
+    Case c;
+    std::size_t kdim, vdim, qw, kvw;
+    mha_bf16::Weights w;
+    std::vector<float> in_w, in_b;  // packed forms (c.packed)
+    std::vector<float> query, key, value;
+    mha_test::Mask kpm, am;
+
+    explicit Data(const Case& cs, std::uint32_t seed = 11) : c(cs) {
+        kdim = c.kdim ? c.kdim : c.E, vdim = c.vdim ? c.vdim : c.E, qw = c.H * c.d, kvw = c.Hkv * c.d;
+        if (c.self) c.Lk = c.Lq;
+        const float sE = 1.0f / std::sqrt(float(c.E)), sK = 1.0f / std::sqrt(float(kdim)), sV = 1.0f / std::sqrt(float(vdim)),
+                    sO = 1.0f / std::sqrt(float(qw));
+        w.wq = uniform(qw * c.E, c.gain * sE, seed), w.wk = uniform(kvw * kdim, c.gain * sK, seed + 1);
+        w.wv = uniform(kvw * vdim, sV, seed + 2), w.wo = uniform(c.E * qw, sO, seed + 3);
+        w.bq = uniform(qw, sE, seed + 4), w.bk = uniform(kvw, sK, seed + 5), w.bv = uniform(kvw, sV, seed + 6);
+        w.bo = uniform(c.E, sO, seed + 7);
+        if (c.norm_eps) w.norm_w = mha_test::random_floats(c.E, 0.5f, 1.5f, seed + 8), w.norm_b = uniform(c.E, 0.5f, seed + 9);
+        if (c.packed) {
+            in_w = w.wq, in_w.insert(in_w.end(), w.wk.begin(), w.wk.end()), in_w.insert(in_w.end(), w.wv.begin(), w.wv.end());
+            in_b = w.bq, in_b.insert(in_b.end(), w.bk.begin(), w.bk.end()), in_b.insert(in_b.end(), w.bv.begin(), w.bv.end());
+        }
+        query = uniform(c.B * c.Lq * c.E, 1.0f, seed + 10);
+        if (!c.self) key = uniform(c.B * c.Lk * kdim, 1.0f, seed + 11), value = uniform(c.B * c.Lk * vdim, 1.0f, seed + 12);
+        if (c.key_padding == 1) kpm = mha_test::random_bool_mask({c.B, c.Lk}, 0.25, seed + 13);
+        if (c.key_padding == 2) kpm = mha_test::random_float_mask({c.B, c.Lk}, 0.25, seed + 13);
+        const std::vector<std::size_t> am2{c.Lq, c.Lk}, am3{c.B * c.H, c.Lq, c.Lk};
+        if (c.attn_mask == 1) am = mha_test::random_bool_mask(am2, 0.2, seed + 14);
+        if (c.attn_mask == 2) am = mha_test::random_float_mask(am2, 0.2, seed + 14);
+        if (c.attn_mask == 3) am = mha_test::random_bool_mask(am3, 0.2, seed + 14);
+        if (c.attn_mask == 4) am = mha_test::random_float_mask(am3, 0.2, seed + 14);
+    }
+    const float* key_data() const { return c.self ? query.data() : key.data(); }
+    const float* value_data() const { return c.self ? query.data() : value.data(); }
+
+    mha::MultiheadAttention make(mha::DataType compute) const {
+        mha::AttentionWeights aw;
+        if (c.packed) {
+            aw.in_proj_weight = in_w.data(), aw.in_proj_bias = in_b.data();
+        } else {
+            aw.q_proj_weight = w.wq.data(), aw.k_proj_weight = w.wk.data(), aw.v_proj_weight = w.wv.data();
+            aw.q_proj_bias = w.bq.data(), aw.k_proj_bias = w.bk.data(), aw.v_proj_bias = w.bv.data();
+        }
+        aw.out_proj_weight = w.wo.data(), aw.out_proj_bias = w.bo.data();
+        aw.norm_weight = w.norm_w.empty() ? nullptr : w.norm_w.data();
+        aw.norm_bias = w.norm_b.empty() ? nullptr : w.norm_b.data();
+        mha::AttentionConfig cfg;
+        cfg.embed_dim = c.E, cfg.num_heads = c.H, cfg.num_kv_heads = c.Hkv, cfg.head_dim = c.d;
+        cfg.kdim = c.kdim, cfg.vdim = c.vdim, cfg.rope = c.rope, cfg.compute = compute;
+        return mha::MultiheadAttention(aw, cfg);
+    }
+    mha_bf16::Spec spec() const {
+        mha_bf16::Spec s;
+        s.E = c.E, s.H = c.H, s.Hkv = c.Hkv, s.d = c.d, s.kdim = kdim, s.vdim = vdim, s.B = c.B, s.Lq = c.Lq, s.Lk = c.Lk;
+        s.rope = c.rope;
+        if (s.rope && s.rope->dims == 0) s.rope->dims = c.d;
+        s.key_start = c.position_offset;
+        s.query_start = c.alignment == mha::CausalAlignment::bottom_right ? c.position_offset + c.Lk - c.Lq : c.position_offset;
+        s.causal = c.causal, s.alignment = c.alignment;
+        s.key_padding_mask = kpm.view(), s.attn_mask = am.view();
+        s.norm_eps = c.norm_eps;
+        return s;
+    }
+    mha_bf16::Expected expected() const { return mha_bf16::evaluate(spec(), w, query.data(), key_data(), value_data()); }
+
+    struct Result {
+        std::vector<float> output, weights;
+    };
+    Result run(const mha::MultiheadAttention& m, mha::Backend backend, mha::Impl impl = mha::Impl::automatic,
+               mha::NeedWeights need = mha::NeedWeights::none) const {
+        Result r;
+        r.output.assign(c.B * c.Lq * c.E, NAN);
+        if (need == mha::NeedWeights::averaged) r.weights.assign(c.B * c.Lq * c.Lk, NAN);
+        if (need == mha::NeedWeights::per_head) r.weights.assign(c.B * c.H * c.Lq * c.Lk, NAN);
+        mha::AttentionInputs in;
+        in.query = mha::ConstBatch(query.data(), c.B, c.Lq, c.E);
+        if (!c.self) in.key = mha::ConstBatch(key.data(), c.B, c.Lk, kdim), in.value = mha::ConstBatch(value.data(), c.B, c.Lk, vdim);
+        in.key_padding_mask = kpm.view(), in.attn_mask = am.view();
+        mha::ForwardOptions o;
+        o.backend = backend, o.impl = impl, o.need_weights = need, o.causal = c.causal, o.causal_alignment = c.alignment;
+        o.position_offset = c.position_offset, o.norm_eps = c.norm_eps;
+        m.forward(in, {mha::Batch(r.output.data(), c.B, c.Lq, c.E), r.weights.empty() ? nullptr : r.weights.data()}, o);
+        return r;
+    }
+};
+
+mha::RopeConfig rope(mha::RopeStyle style, std::size_t dims = 0) { return {10000.0f, dims, style}; }
+
+const Case kCases[] = {
+    {.name = "BERT-like self-attention E=768 H=12, packed, padding bool, post-norm", .E = 768, .H = 12, .Hkv = 12, .d = 64,
+     .B = 2, .Lq = 48, .self = true, .packed = true, .key_padding = 1, .norm_eps = 1e-5f},
+    {.name = "GQA G=4 + RoPE half, causal top-left, 2-D additive mask", .E = 256, .H = 8, .Hkv = 2, .d = 32, .B = 2, .Lq = 40,
+     .self = true, .rope = rope(mha::RopeStyle::half), .causal = true, .attn_mask = 2, .gain = 2.0f},
+    {.name = "cross-attention kdim 40 vdim 56, d=24, padding float, 3-D bool", .E = 96, .H = 4, .Hkv = 4, .d = 24, .kdim = 40,
+     .vdim = 56, .B = 2, .Lq = 17, .Lk = 33, .key_padding = 2, .attn_mask = 3},
+    {.name = "odd: E=70 d=14 MQA, kdim 33 vdim 21, Lk=257, RoPE interleaved at 1000, causal bottom-right", .E = 70, .H = 5,
+     .Hkv = 1, .d = 14, .kdim = 33, .vdim = 21, .B = 1, .Lq = 9, .Lk = 257, .rope = rope(mha::RopeStyle::interleaved),
+     .position_offset = 1000, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .gain = 2.0f},
+    {.name = "long self-attention L=300 (online-softmax tiles), G=2, RoPE dims 8, causal, 3-D additive", .E = 48, .H = 4,
+     .Hkv = 2, .d = 12, .B = 1, .Lq = 300, .self = true, .rope = rope(mha::RopeStyle::half, 8), .causal = true, .attn_mask = 4},
+};
+
+constexpr mha::Impl kImpls[] = {mha::Impl::automatic, mha::Impl::materialized, mha::Impl::fused};
+const char* impl_name(mha::Impl i) { return i == mha::Impl::automatic ? "automatic" : i == mha::Impl::materialized ? "materialized" : "fused"; }
+
+// The bf16 reference against the oracle and the center evaluation; the bounds stay meaningful.
+TEST(Bf16Reference, WithinTheDerivedBounds) {
+    for (const Case& cs : kCases) {
+        SCOPED_TRACE(cs.name);
+        const Data D(cs);
+        const mha_bf16::Expected ex = D.expected();
+        const std::vector<double> oracle_tol = scaled(ex.out.e, kBf16Safety), tight = scaled(ex.out.d, 2 * kBf16Safety);
+        EXPECT_LT(mha_test::relative_tolerance(ex.out.o, oracle_tol), kMaxOracleBound) << "oracle bound too loose";
+        EXPECT_LT(mha_test::relative_tolerance(ex.out.o, tight), kMaxTightBound) << "tight bound too loose";
+        const auto ref = D.run(D.make(mha::DataType::bf16), mha::Backend::scalar);
+        EXPECT_TRUE(mha_test::all_within(ref.output, ex.out.o, oracle_tol)) << "bf16 reference against the float64 oracle";
+        EXPECT_TRUE(mha_test::all_within(ref.output, ex.out.t, scaled(ex.out.d, kBf16Safety))) << "bf16 reference against the center";
+    }
+}
+
+// The tight bound tells bf16 from fp32: the fp32 reference (and today's fp32 SIMD path) is refused by it on
+// every case, while it is well within the oracle bound (fp32 is more accurate, not wrong).
+TEST(Bf16Reference, TightBoundRefusesFp32) {
+    for (const Case& cs : kCases) {
+        SCOPED_TRACE(cs.name);
+        const Data D(cs);
+        const mha_bf16::Expected ex = D.expected();
+        const auto f32 = D.run(D.make(mha::DataType::f32), mha::Backend::scalar);
+        const auto ref = D.run(D.make(mha::DataType::bf16), mha::Backend::scalar);
+        EXPECT_TRUE(mha_test::all_within(f32.output, ex.out.o, scaled(ex.out.e, kBf16Safety)));
+        EXPECT_FALSE(mha_test::all_within(f32.output, std::vector<double>(ref.output.begin(), ref.output.end()),
+                                          scaled(ex.out.d, 2 * kBf16Safety)))
+            << "the fp32 reference passes for bf16: the tight bound cannot tell them apart";
+    }
+}
+
+// The bf16 mode rounds what it documents: a layer whose weights and inputs are already bfloat16 values and
+// whose Q, K, V, P, C roundings are exact (all zeros but one key: P = 1; V = bias only) equals the fp32
+// reference; otherwise bf16 and fp32 differ.
+TEST(Bf16Reference, RoundsOnlyWhereDocumented) {
+    Case cs{.name = "exact", .E = 16, .H = 2, .Hkv = 2, .d = 8, .B = 1, .Lq = 3, .Lk = 1};
+    Data D(cs);
+    for (auto* v : {&D.w.wq, &D.w.wk, &D.w.wo, &D.query, &D.key, &D.value, &D.w.bo})
+        for (float& x : *v) x = mha::round_to_bf16(x);
+    std::fill(D.w.wv.begin(), D.w.wv.end(), 0.0f);
+    for (float& x : D.w.bv) x = mha::round_to_bf16(x);  // V = bv exactly, C = V (one key, P = 1): bf16 values
+    const auto f32 = D.run(D.make(mha::DataType::f32), mha::Backend::scalar);
+    const auto bf = D.run(D.make(mha::DataType::bf16), mha::Backend::scalar);
+    // The output projection of bf16 C and Wo, summed in double vs float: equal to a few float ulps.
+    EXPECT_TRUE(mha_test::all_within(bf.output, std::vector<double>(f32.output.begin(), f32.output.end()), 1e-6));
+    D.w.bv[0] = 1.0f / 3.0f;  // not a bfloat16 value: C differs now
+    const auto f32b = D.run(D.make(mha::DataType::f32), mha::Backend::scalar);
+    const auto bfb = D.run(D.make(mha::DataType::bf16), mha::Backend::scalar);
+    EXPECT_GT(mha_test::max_abs_diff(f32b.output, bfb.output), 2e-5);
+}
+
+// The SIMD backend with compute bf16 against the bf16 reference (tight) and the oracle, every ISA and impl.
+TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
+    for (const Case& cs : kCases) {
+        SCOPED_TRACE(cs.name);
+        const Data D(cs);
+        const mha_bf16::Expected ex = D.expected();
+        const mha::MultiheadAttention m = D.make(mha::DataType::bf16);
+        const auto ref = D.run(m, mha::Backend::scalar);
+        const std::vector<double> refd(ref.output.begin(), ref.output.end());
+        const std::vector<double> tight = scaled(ex.out.d, 2 * kBf16Safety), oracle_tol = scaled(ex.out.e, kBf16Safety);
+        mha_bf16::for_each_isa([&](mha::Isa) {
+            for (mha::Impl impl : kImpls) {
+                SCOPED_TRACE(impl_name(impl));
+                const auto simd = D.run(m, mha::Backend::simd, impl);
+                EXPECT_TRUE(mha_test::all_within(simd.output, refd, tight)) << "SIMD bf16 against the bf16 reference";
+                EXPECT_TRUE(mha_test::all_within(simd.output, ex.out.o, oracle_tol)) << "SIMD bf16 against the float64 oracle";
+            }
+        });
+    }
+}
+
+// need_weights with bf16 compute: the fp32 probabilities of the bf16 scores (averaged and per head), and the
+// outputs, against the reference and the oracle.
+TEST(Bf16Simd, NeedWeights) {
+    const Case cs{.name = "weights", .E = 64, .H = 8, .Hkv = 2, .d = 8, .B = 2, .Lq = 21, .Lk = 37, .rope = rope(mha::RopeStyle::half),
+                  .position_offset = 5, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .key_padding = 1,
+                  .attn_mask = 4, .gain = 2.0f};
+    const Data D(cs);
+    const mha_bf16::Expected ex = D.expected();
+    const mha::MultiheadAttention m = D.make(mha::DataType::bf16);
+    for (auto need : {mha::NeedWeights::averaged, mha::NeedWeights::per_head}) {
+        SCOPED_TRACE(need == mha::NeedWeights::averaged ? "averaged" : "per_head");
+        const bool avg = need == mha::NeedWeights::averaged;
+        const std::vector<double>& po = avg ? ex.averaged_o : ex.probs.o;
+        const std::vector<double>& pe = avg ? ex.averaged_e : ex.probs.e;
+        const std::vector<double>& pd = avg ? ex.averaged_d : ex.probs.d;
+        const auto ref = D.run(m, mha::Backend::scalar, mha::Impl::automatic, need);
+        EXPECT_TRUE(mha_test::all_within(ref.weights, po, scaled(pe, kBf16Safety))) << "reference weights against the oracle";
+        EXPECT_TRUE(mha_test::all_within(ref.output, ex.out.o, scaled(ex.out.e, kBf16Safety)));
+        const std::vector<double> refw(ref.weights.begin(), ref.weights.end()), refo(ref.output.begin(), ref.output.end());
+        mha_bf16::for_each_isa([&](mha::Isa) {
+            for (mha::Impl impl : kImpls) {
+                SCOPED_TRACE(impl_name(impl));
+                const auto simd = D.run(m, mha::Backend::simd, impl, need);
+                EXPECT_TRUE(mha_test::all_within(simd.weights, refw, scaled(pd, 2 * kBf16Safety))) << "weights against the reference";
+                EXPECT_TRUE(mha_test::all_within(simd.output, refo, scaled(ex.out.d, 2 * kBf16Safety))) << "output against the reference";
+                EXPECT_TRUE(mha_test::all_within(simd.output, ex.out.o, scaled(ex.out.e, kBf16Safety))) << "output against the oracle";
+            }
+        });
+    }
+}
+
+// KV cache with bf16 compute: a prompt, two single-token steps and a 3-token chunk. Each call's output is the
+// last rows of causal (bottom-right) attention of the new tokens over all tokens so far, so the model
+// evaluates it as cross-attention (queries at positions n + i, keys at j). SIMD and reference each keep
+// their own cache; both against the oracle, SIMD against the reference.
+TEST(Bf16Simd, KvCacheDecodeSteps) {
+    const std::size_t E = 80, H = 8, Hkv = 2, d = 10, B = 2;  // d = 10: not a multiple of the vector width
+    const std::size_t steps[] = {19, 1, 1, 3};
+    std::size_t total = 0;
+    for (std::size_t s : steps) total += s;
+    Case cs{.name = "cache", .E = E, .H = H, .Hkv = Hkv, .d = d, .B = B, .Lq = total, .self = true,
+            .rope = rope(mha::RopeStyle::interleaved), .gain = 2.0f};
+    const Data all(cs);  // weights, and the tokens [B, total, E]
+    mha_bf16::for_each_isa([&](mha::Isa) {
+        const mha::MultiheadAttention m = all.make(mha::DataType::bf16);
+        mha::KVCache simd_cache(B, Hkv, d, total), ref_cache(B, Hkv, d, total);
+        std::size_t n = 0;
+        for (std::size_t lq : steps) {
+            SCOPED_TRACE(::testing::Message() << lq << " tokens after " << n);
+            // The new tokens [B, lq, E] and all tokens so far [B, n + lq, E], contiguous.
+            std::vector<float> q(B * lq * E), kv(B * (n + lq) * E);
+            for (std::size_t b = 0; b < B; ++b) {
+                std::copy_n(all.query.begin() + std::ptrdiff_t((b * total + n) * E), lq * E, q.begin() + std::ptrdiff_t(b * lq * E));
+                std::copy_n(all.query.begin() + std::ptrdiff_t(b * total * E), (n + lq) * E, kv.begin() + std::ptrdiff_t(b * (n + lq) * E));
+            }
+            mha_bf16::Spec s = all.spec();
+            s.Lq = lq, s.Lk = n + lq, s.key_start = 0, s.query_start = n;
+            s.causal = true, s.alignment = mha::CausalAlignment::bottom_right;
+            const mha_bf16::Expected ex = mha_bf16::evaluate(s, all.w, q.data(), kv.data(), kv.data());
+            std::vector<float> out_simd(B * lq * E, NAN), out_ref(B * lq * E, NAN);
+            mha::AttentionInputs in;
+            in.query = mha::ConstBatch(q.data(), B, lq, E);
+            mha::ForwardOptions o;
+            m.forward(in, {mha::Batch(out_simd.data(), B, lq, E)}, o, simd_cache);
+            o.backend = mha::Backend::scalar;
+            m.forward(in, {mha::Batch(out_ref.data(), B, lq, E)}, o, ref_cache);
+            EXPECT_TRUE(mha_test::all_within(out_ref, ex.out.o, scaled(ex.out.e, kBf16Safety))) << "reference against the oracle";
+            EXPECT_TRUE(mha_test::all_within(out_ref, ex.out.t, scaled(ex.out.d, kBf16Safety))) << "reference against the center";
+            EXPECT_TRUE(mha_test::all_within(out_simd, std::vector<double>(out_ref.begin(), out_ref.end()),
+                                             scaled(ex.out.d, 2 * kBf16Safety)))
+                << "SIMD against the reference";
+            EXPECT_TRUE(mha_test::all_within(out_simd, ex.out.o, scaled(ex.out.e, kBf16Safety))) << "SIMD against the oracle";
+            n += lq;
+        }
+    });
+}
+
+}  // namespace
