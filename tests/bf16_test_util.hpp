@@ -1,14 +1,18 @@
 // bf16 compute (AttentionConfig::compute = DataType::bf16) for the tests: a layer model evaluated twice in
-// double, with the two per-element bounds derived in docs/bf16-accuracy.md:
-//   oracle  the float64 computation on the fp32 inputs with no rounding at all (o), and e, a first-order
-//           bound on |a bf16 forward − o| (u = 2^-8 per rounded operand, v = 2^-24 per fp32 operation);
+// double, with the per-element bounds of docs/bf16-accuracy.md in their probabilistic form:
+//   oracle  the float64 computation on the fp32 inputs with no rounding at all (o), and e, the scale of
+//           |a bf16 forward − o| (u = 2^-8 per rounded operand, v = 2^-24 per fp32 operation);
 //   center  the same computation rounded to bfloat16 exactly where the bf16 compute rounds (t: inputs,
-//           weights, Q, K, V after bias and RoPE, normalized P, C), sums in double, and d, a bound on
+//           weights, Q, K, V after bias and RoPE, normalized P, C), sums in double, and d, the scale of
 //           |a bf16 forward with fp32 accumulation − t|: the fp32 rounding of the sums, P normalized before or
-//           after its rounding, and the rare bfloat16 value that rounds the other way because the fp32 value
-//           before it differs (a rounded element whose interval t ± 2·d holds a rounding midpoint).
-// Tests multiply: |forward − o| <= kBf16Safety·e; |simd − reference| <= 2·kBf16Safety·d (both forwards
-// within kBf16Safety·d of t). Preconditions: the shapes of a valid layer; masks as mha/attention.hpp.
+//           after its rounding, and the bfloat16 values that round the other way because the fp32 value
+//           before them differs (round_track).
+// e and d are root-sum-squares of the elementary rounding bounds carried through the linearized layer
+// (each rounding error of one operand counted once, errors of distinct operations independent: the
+// probabilistic model of Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019); a forward is within λ·e of
+// o, λ = kLambda (the elementary bounds stand for their standard deviations, which they exceed by √3).
+// Tests: |forward − o| <= λ·e; |simd − reference| <= √2·λ·d (each forward within λ·d of t).
+// Preconditions: the shapes of a valid layer; masks as mha/attention.hpp.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -24,10 +28,13 @@ namespace mha_bf16 {
 
 constexpr double kUb = 0x1p-8;   // bfloat16 unit roundoff
 constexpr double kV = 0x1p-24;   // float unit roundoff
-constexpr double kBf16Safety = 2.0;
+constexpr double kLambda = 6.0;
+constexpr double kOracleFactor = kLambda, kTightFactor = 1.4142135623730951 * kLambda;
 
-using mha_test::independent_sum;
-using mha_test::rounding_growth;
+// Root-sum-square accumulation.
+inline void rss(double& acc2, double x) { acc2 += x * x; }
+// The rounding of a float sum of n terms of total magnitude mag, as a scale: √n·v·mag.
+inline double sum_rounding(std::size_t n, double mag) { return std::sqrt(double(n)) * kV * mag; }
 
 // x rounded as a bf16 forward rounds a value it holds in float: to float, then to bfloat16.
 inline double bf(double x) { return double(mha::round_to_bf16(static_cast<float>(x))); }
@@ -38,14 +45,23 @@ struct Track {
     explicit Track(std::size_t n = 0) : o(n, 0.0), e(n, 0.0), t(n, 0.0), d(n, 0.0) {}
 };
 
-// Rounds every element of x to bfloat16: the oracle gains u·|o|; the center rounds t, and d becomes the
-// largest distance from t's rounding to the rounding of any value in t ± 2·d (rounding is monotone).
+// The spacing of bfloat16 values at x (8 significant bits).
+inline double bf16_ulp(double x) {
+    int e = 0;
+    std::frexp(x == 0.0 ? 0x1p-126 : x, &e);
+    return std::ldexp(1.0, e - 8);
+}
+
+// Rounds every element of x to bfloat16. The oracle gains u·|o|. The center rounds t; two forwards whose
+// values before the rounding differ by δ (scale d) round to values that differ by a whole spacing s with
+// probability |δ|/s (the rounding point falls between them), else not at all: the difference keeps its
+// mean and gains variance |δ|·s, so d becomes √(d² + min(d, s)·s) (no flip is possible when d = 0).
 inline void round_track(Track& x) {
     for (std::size_t n = 0; n < x.o.size(); ++n) {
-        x.e[n] += kUb * std::abs(x.o[n]);
-        const double tr = bf(x.t[n]), span = 2 * x.d[n];
-        x.d[n] = std::max(bf(x.t[n] + span) - tr, tr - bf(x.t[n] - span));
-        x.t[n] = tr;
+        x.e[n] = std::hypot(x.e[n], kUb * std::abs(x.o[n]));
+        const double s = bf16_ulp(x.t[n]);
+        x.d[n] = std::sqrt(x.d[n] * x.d[n] + std::min(x.d[n], s) * s);
+        x.t[n] = bf(x.t[n]);
     }
 }
 
@@ -85,18 +101,17 @@ inline Track project(const float* x, std::size_t L, std::size_t K, const std::ve
         std::vector<double> xr(K);
         for (std::size_t k = 0; k < K; ++k) xr[k] = bf(x[i * K + k]);
         for (std::size_t n = 0; n < N; ++n) {
-            double so = b[n], mag = std::abs(so), st = 0.0, magt = std::abs(double(b[n])), lin = 0.0, sq = 0.0;
+            double so = b[n], mag = std::abs(so), st = 0.0, magt = std::abs(double(b[n])), sq = 0.0;
             for (std::size_t k = 0; k < K; ++k) {
                 const double p = double(x[i * K + k]) * double(w[n * K + k]), pt = xr[k] * wr[n * K + k];
                 so += p, mag += std::abs(p), st += pt, magt += std::abs(pt);
-                const double a = 2 * kUb * std::abs(p);  // x and w each rounded: |x̃w̃ − xw| <= 2u|xw| to first order
-                lin += a, sq += a * a;
+                sq += 2 * (kUb * p) * (kUb * p);  // x and w each rounded: u·|xw| twice
             }
             const std::size_t at = i * N + n;
             y.o[at] = so;
-            y.e[at] = independent_sum(lin, sq) + rounding_growth(K + 1) * kV * mag;
+            y.e[at] = std::hypot(std::sqrt(sq), sum_rounding(K + 1, mag));
             y.t[at] = double(static_cast<float>(st + double(b[n])));
-            y.d[at] = rounding_growth(K + 1) * kV * magt;
+            y.d[at] = sum_rounding(K + 1, magt);
         }
     }
     return y;
@@ -118,8 +133,8 @@ inline void rope(Track& y, std::size_t L, std::size_t heads, std::size_t d, cons
                     const double m1 = std::abs(x1 * c) + std::abs(x2 * s), m2 = std::abs(x2 * c) + std::abs(x1 * s);
                     val[i1] = x1 * c - x2 * s, val[i2] = x2 * c + x1 * s;
                     if (to_float) val[i1] = double(static_cast<float>(val[i1])), val[i2] = double(static_cast<float>(val[i2]));
-                    err[i1] = std::abs(c) * e1 + std::abs(s) * e2 + 4 * kV * m1;
-                    err[i2] = std::abs(c) * e2 + std::abs(s) * e1 + 4 * kV * m2;
+                    err[i1] = std::sqrt(c * c * e1 * e1 + s * s * e2 * e2) + 4 * kV * m1;
+                    err[i2] = std::sqrt(c * c * e2 * e2 + s * s * e1 * e1) + 4 * kV * m2;
                 };
                 rot(y.o, y.e, false);
                 rot(y.t, y.d, true);
@@ -141,7 +156,7 @@ inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>
                          const std::vector<double>& errs, std::size_t kvw, std::size_t col0, std::size_t d, bool center,
                          double* ctx, double* ectx) {
     const std::size_t Lk = z.size();
-    const double T = double((Lk + 255) / 256), gL = rounding_growth(Lk);
+    const double T = double((Lk + 255) / 256), gL = std::sqrt(double(Lk));
     RowOut r{std::vector<double>(Lk, 0.0), std::vector<double>(Lk, 0.0)};
     double zmax = -INFINITY;
     for (double x : z) zmax = std::max(zmax, x);
@@ -149,44 +164,47 @@ inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>
         for (std::size_t c = 0; c < d; ++c) ctx[c] = 0.0, ectx[c] = 0.0;
         return r;
     }
-    double sum = 0.0, dz = 0.0;
+    double sum = 0.0, dz2 = 0.0;
     std::size_t visible = 0;
     for (std::size_t j = 0; j < Lk; ++j) {
         if (z[j] == -INFINITY) continue;
         ++visible;
         sum += std::exp(z[j] - zmax);
-        dz = std::max(dz, ez[j] + kV * std::abs(z[j] - zmax));
     }
     for (std::size_t j = 0; j < Lk; ++j) {
         r.p[j] = z[j] == -INFINITY ? 0.0 : std::exp(z[j] - zmax) / sum;
-        r.ep[j] = r.p[j] * (2 * dz + (gL + 6 + 3 * T) * kV);
+        rss(dz2, r.p[j] * ez[j]);
     }
+    // p_j moves by p_j·(δ_j − Σ_k p_k δ_k) for score errors δ: scale p_j·(e_j + √Σ(p_k e_k)²), plus fp32 exp,
+    // subtraction and division.
+    for (std::size_t j = 0; j < Lk; ++j)
+        if (r.p[j] > 0.0)
+            r.ep[j] = r.p[j] * (ez[j] + std::sqrt(dz2) + (gL + 6 + 3 * T) * kV + kV * std::abs(z[j] - zmax));
     for (std::size_t c = 0; c < d; ++c) {
         // The value: oracle Σ p·v; center Σ bf(p)·v (v already rounded), to float.
         double cv = 0.0;
         for (std::size_t j = 0; j < Lk; ++j)
             if (r.p[j] > 0.0) cv += (center ? bf(r.p[j]) : r.p[j]) * vals[j * kvw + col0 + c];
         if (center) cv = double(static_cast<float>(cv));
-        double score = 0.0, own = 0.0, mag = 0.0, vlin = 0.0, vsq = 0.0, plin = 0.0, psq = 0.0;
+        double e2 = 0.0, mag = 0.0;
         for (std::size_t j = 0; j < Lk; ++j) {
             const double p = r.p[j];
             if (p == 0.0) continue;
             const double x = vals[j * kvw + col0 + c], ax = std::abs(x);
-            score += p * ez[j] * std::abs(x - cv);                              // score errors through the softmax
-            own += p * ((4 + 3 * T) * kV + 2 * kV * std::abs(z[j] - zmax)) * ax;  // fp32 exp and subtraction
+            rss(e2, p * ez[j] * std::abs(x - cv));                                // score errors through the softmax
+            rss(e2, p * ((4 + 3 * T) * kV + 2 * kV * std::abs(z[j] - zmax)) * ax);  // fp32 exp and subtraction
+            rss(e2, p * errs[j * kvw + col0 + c]);                               // V's own error
+            // P rounded to bfloat16: a forward's weight within u·p of p, the center's own rounding is known
+            // (with one visible key p = 1 exactly: no rounding).
+            if (visible > 1) rss(e2, (kUb * p + (center ? std::abs(bf(p) - p) : 0.0)) * ax);
             mag += p * ax;
-            const double tv = p * errs[j * kvw + col0 + c];                     // V's own bound
-            vlin += tv, vsq += tv * tv;
-            // P rounded to bfloat16: a forward's weight within u·p of p; the center's own rounding is known.
-            const double tp = (kUb * p + (center ? std::abs(bf(p) - p) : 0.0)) * ax;
-            plin += tp, psq += tp * tp;
         }
         // Normalization: P rounded before (reference) or after (online softmax) the division, with a sum
         // of rounded or unrounded terms: a common factor within u of 1 (exact with one visible key, p = 1).
-        const double norm = visible > 1 ? kUb * std::abs(cv) : 0.0;
+        if (visible > 1) rss(e2, kUb * std::abs(cv));
+        rss(e2, sum_rounding(Lk + 2 * std::size_t(T), mag) + (gL + 2 + 3 * T) * kV * std::abs(cv));  // fp32 sums
         ctx[c] = cv;
-        ectx[c] = score + own + independent_sum(vlin, vsq) + (gL + 2 * T) * kV * mag + (gL + 2 + 3 * T) * kV * std::abs(cv) +
-                  independent_sum(plin, psq) + norm;
+        ectx[c] = std::sqrt(e2);
     }
     return r;
 }
@@ -225,21 +243,22 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
                         zo[j] = zt[j] = -INFINITY, eo[j] = et[j] = 0.0;
                         continue;
                     }
-                    double dot_o = 0.0, mag_o = 0.0, lo = 0.0, so = 0.0, dot_t = 0.0, mag_t = 0.0, lt = 0.0, st = 0.0;
+                    double dot_o = 0.0, mag_o = 0.0, so = 0.0, dot_t = 0.0, mag_t = 0.0, st = 0.0;
                     for (std::size_t c = 0; c < d; ++c) {
                         const std::size_t qi = i * qw + h * d + c, ki = j * kvw + kh * d + c;
                         dot_o += q.o[qi] * k.o[ki], mag_o += std::abs(q.o[qi] * k.o[ki]);
                         const double a1 = q.e[qi] * std::abs(k.o[ki]), a2 = std::abs(q.o[qi]) * k.e[ki];
-                        lo += a1 + a2, so += a1 * a1 + a2 * a2;
+                        so += a1 * a1 + a2 * a2;
                         dot_t += q.t[qi] * k.t[ki], mag_t += std::abs(q.t[qi] * k.t[ki]);
                         const double b1 = q.d[qi] * std::abs(k.t[ki]), b2 = std::abs(q.t[qi]) * k.d[ki];
-                        lt += b1 + b2, st += b1 * b1 + b2 * b2;
+                        st += b1 * b1 + b2 * b2;
                     }
                     const double sco = scale * dot_o, sct = double(static_cast<float>(scale * dot_t));
                     zo[j] = sco + m1 + m2, zt[j] = sct + m1 + m2;
-                    const double gd = rounding_growth(d + 3) * kV * scale;
-                    eo[j] = scale * independent_sum(lo, so) + gd * mag_o + 2 * kV * (std::abs(sco) + std::abs(m1) + std::abs(m2));
-                    et[j] = scale * independent_sum(lt, st) + gd * mag_t + 2 * kV * (std::abs(sct) + std::abs(m1) + std::abs(m2));
+                    eo[j] = std::hypot(scale * std::sqrt(so), sum_rounding(d + 3, scale * mag_o)) +
+                            2 * kV * (std::abs(sco) + std::abs(m1) + std::abs(m2));
+                    et[j] = std::hypot(scale * std::sqrt(st), sum_rounding(d + 3, scale * mag_t)) +
+                            2 * kV * (std::abs(sct) + std::abs(m1) + std::abs(m2));
                 }
                 const std::size_t at = i * qw + h * d;
                 const detail::RowOut ro = detail::softmax_pv(zo, eo, v.o, v.e, kvw, kh * d, d, false, &ctx.o[at], &ctx.e[at]);
@@ -260,34 +279,35 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
             std::vector<double> oo(E), oe(E), ot(E), od(E);
             for (std::size_t r = 0; r < E; ++r) {
                 double so = w.bo[r], mo = std::abs(so), st = 0.0, mt = std::abs(double(w.bo[r]));
-                double l1 = 0.0, s1 = 0.0, l2 = 0.0, s2 = 0.0, l3 = 0.0, s3 = 0.0;
+                double s1 = 0.0, s3 = 0.0;
                 for (std::size_t c = 0; c < qw; ++c) {
                     const double wv = w.wo[r * qw + c], co = ctx.o[i * qw + c], ct = ctx.t[i * qw + c];
                     so += co * wv, mo += std::abs(co * wv);
                     st += ct * wor[r * qw + c], mt += std::abs(ct * wor[r * qw + c]);
-                    const double a = ctx.e[i * qw + c] * std::abs(wv), a2 = kUb * std::abs(co * wv);
-                    const double a3 = ctx.d[i * qw + c] * std::abs(wor[r * qw + c]);
-                    l1 += a, s1 += a * a, l2 += a2, s2 += a2 * a2, l3 += a3, s3 += a3 * a3;
+                    rss(s1, ctx.e[i * qw + c] * std::abs(wv));  // C's error
+                    rss(s1, kUb * std::abs(co * wv));            // Wo rounded
+                    rss(s3, ctx.d[i * qw + c] * std::abs(wor[r * qw + c]));
                 }
-                const double g = rounding_growth(qw + 1) * kV;
-                oo[r] = so, oe[r] = independent_sum(l1, s1) + independent_sum(l2, s2) + g * mo;
-                ot[r] = double(static_cast<float>(st + double(w.bo[r]))), od[r] = independent_sum(l3, s3) + g * mt;
+                oo[r] = so, oe[r] = std::hypot(std::sqrt(s1), sum_rounding(qw + 1, mo));
+                ot[r] = double(static_cast<float>(st + double(w.bo[r]))), od[r] = std::hypot(std::sqrt(s3), sum_rounding(qw + 1, mt));
             }
             if (s.norm_eps) {
                 const float* x = query + (b * Lq + i) * E;
                 auto norm = [&](std::vector<double>& o, std::vector<double>& e) {
-                    double mean = 0.0, var = 0.0, mean_e = 0.0, mean_ye = 0.0;
+                    double mean = 0.0, var = 0.0, mean_e2 = 0.0, mean_ye2 = 0.0;
                     for (std::size_t r = 0; r < E; ++r) o[r] += x[r], mean += o[r] / double(E);
                     for (std::size_t r = 0; r < E; ++r) var += (o[r] - mean) * (o[r] - mean) / double(E);
                     const double rs = 1.0 / std::sqrt(var + double(*s.norm_eps));
-                    for (std::size_t r = 0; r < E; ++r) {
-                        mean_e += e[r] / double(E);
-                        mean_ye += std::abs((o[r] - mean) * rs) * e[r] / double(E);
+                    for (std::size_t r = 0; r < E; ++r) {  // Σ e² / E², Σ (ŷ e)² / E²: independent errors
+                        mean_e2 += e[r] * e[r] / double(E * E);
+                        mean_ye2 += ((o[r] - mean) * rs * e[r]) * ((o[r] - mean) * rs * e[r]) / double(E * E);
                     }
                     for (std::size_t r = 0; r < E; ++r) {
                         const double gm = w.norm_w.empty() ? 1.0 : w.norm_w[r], be = w.norm_b.empty() ? 0.0 : w.norm_b[r];
                         const double yhat = (o[r] - mean) * rs, y = gm * yhat + be;
-                        e[r] = std::abs(gm) * rs * (e[r] + mean_e + std::abs(yhat) * mean_ye) + (E + 8) * kV * std::abs(y);
+                        // ∂ŷ_j/∂z_k = r·(δ_jk − 1/n − ŷ_j ŷ_k / n), then the fp32 normalization's own rounding
+                        e[r] = std::abs(gm) * rs * std::sqrt(e[r] * e[r] + mean_e2 + yhat * yhat * mean_ye2) +
+                               sum_rounding(2 * E, std::abs(gm * yhat)) + kV * std::abs(y);
                         o[r] = y;
                     }
                 };
@@ -300,7 +320,7 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
         }
     }
     for (std::size_t n = 0; n < ex.averaged_o.size(); ++n) {
-        ex.averaged_e[n] += double(H + 1) * kV * ex.averaged_o[n];
+        ex.averaged_e[n] += double(H + 1) * kV * ex.averaged_o[n];  // (linear sums over heads: worst case)
         ex.averaged_d[n] += double(H + 1) * kV * ex.averaged_t[n];
     }
     return ex;
