@@ -29,6 +29,10 @@
 //     [B, Hkv, Lp + Lq, d] beside it: sequence b's first past_lengths[b] + Lq rows are its cache rows, the
 //     rest zeros. Self-attention only (no key.npy / value.npy), no masks, no --need-weights, no
 //     --position-offset, no --causal-bottom-right (--causal may be given: it is what happens anyway).
+//   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
+//   --bf16-raw: every float input and weight file (query, key, value, the projection weights and biases,
+//   norm.*, past_key / past_value) must be a uint16 array of bfloat16 bit patterns, widened exactly to float;
+//   masks may be bool / uint8, float32 or uint16 bits; outputs stay float32. Independent of --dtype.
 // Order of work: load and check everything, compute, then write each file under a temporary name and
 // rename, so an error leaves no output file behind.
 #include <algorithm>
@@ -78,6 +82,7 @@ void check_projection(const Input& w, const std::string& rows_formula, const std
 void run_command(const RunOptions& opt) {
     const fs::path dir(opt.npy_dir);
     if (!fs::is_directory(dir)) fail(opt.npy_dir + ": not a folder (--npy)");
+    set_bf16_raw(opt.bf16_raw);
     if (!opt.rope_theta && (opt.rope_style || opt.rope_dims))
         fail(std::string(opt.rope_style ? "--rope-style" : "--rope-dims") + " needs --rope-theta");
 
@@ -343,6 +348,7 @@ void run_command(const RunOptions& opt) {
     config.head_dim = d;
     config.kdim = kdim;
     config.vdim = vdim;
+    config.compute = opt.dtype;
     if (opt.rope_theta) {
         RopeConfig rope;
         rope.theta = *opt.rope_theta;
