@@ -167,7 +167,7 @@ TEST_F(Bf16Tool, RawErrors) {
 }
 
 // '<u2' is read (into Array::words) only with Accept::with_bf16_bits.
-TEST(Bf16Tool, NpyReaderTakesUint16OnlyWhenAsked) {
+TEST(Bf16Npy, ReaderTakesUint16OnlyWhenAsked) {
     std::string header = "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }";
     while ((10 + header.size() + 1) % 64 != 0) header += ' ';
     header += '\n';
