@@ -279,13 +279,14 @@ TEST(Bf16Simd, NeedWeights) {
     }
 }
 
-// KV cache with bf16 compute: a prompt, two single-token steps and a 3-token chunk. Each call's output is the
+// KV cache with bf16 compute: a first token, a prompt, two single-token steps and a 3-token chunk. Each call's output is the
 // last rows of causal (bottom-right) attention of the new tokens over all tokens so far, so the model
 // evaluates it as cross-attention (queries at positions n + i, keys at j). SIMD and reference each keep
 // their own cache; both against the oracle, SIMD against the reference.
 TEST(Bf16Simd, KvCacheDecodeSteps) {
-    const std::size_t E = 80, H = 8, Hkv = 2, d = 10, B = 2;  // d = 10: not a multiple of the vector width
-    const std::size_t steps[] = {19, 1, 1, 3};
+    const std::size_t E = 80, H = 8, Hkv = 2, d = 10, B = 3;  // d = 10: not a multiple of the vector width
+    // A first token alone (one visible key: where the tight bound tells bf16 from fp32), a prompt, two steps, a chunk.
+    const std::size_t steps[] = {1, 18, 1, 1, 3};
     std::size_t total = 0;
     for (std::size_t s : steps) total += s;
     Case cs{.name = "cache", .E = E, .H = H, .Hkv = Hkv, .d = d, .B = B, .Lq = total, .self = true,
