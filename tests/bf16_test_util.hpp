@@ -52,16 +52,18 @@ inline double bf16_ulp(double x) {
     return std::ldexp(1.0, e - 8);
 }
 
-// Rounds every element of x to bfloat16. The oracle gains u·|o|. The center rounds t; two forwards whose
-// values before the rounding differ by δ (scale d) round to values that differ by a whole spacing s with
-// probability |δ|/s (the rounding point falls between them), else not at all: the difference keeps its
-// mean and gains variance |δ|·s, so d becomes √(d² + min(d, s)·s) (no flip is possible when d = 0).
+// Rounds every element of x to bfloat16. The oracle gains u·|o|. The center rounds t. A forward's value
+// before the rounding lies within t ± λ·d: if that interval holds no rounding point, every such value rounds
+// to bf(t) and the difference after the rounding is exactly 0. Otherwise two values that differ by δ round to
+// values that differ by a whole spacing s with probability |δ|/s, else not at all: the difference keeps its
+// mean and gains variance |δ|·s, so d becomes √(d² + min(d, s)·s).
 inline void round_track(Track& x) {
     for (std::size_t n = 0; n < x.o.size(); ++n) {
         x.e[n] = std::hypot(x.e[n], kUb * std::abs(x.o[n]));
-        const double s = bf16_ulp(x.t[n]);
-        x.d[n] = std::sqrt(x.d[n] * x.d[n] + std::min(x.d[n], s) * s);
-        x.t[n] = bf(x.t[n]);
+        const double s = bf16_ulp(x.t[n]), tr = bf(x.t[n]), span = kLambda * x.d[n];
+        const bool may_flip = bf(x.t[n] + span) != tr || bf(x.t[n] - span) != tr;
+        x.d[n] = may_flip ? std::sqrt(x.d[n] * x.d[n] + std::min(x.d[n], s) * s) : 0.0;
+        x.t[n] = tr;
     }
 }
 

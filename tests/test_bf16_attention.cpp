@@ -227,6 +227,130 @@ TEST(Bf16Reference, RoundsOnlyWhereDocumented) {
     EXPECT_GT(mha_test::max_abs_diff(f32b.output, bfb.output), 2e-5);
 }
 
+// A model of the fast path, written here in plain float code: the documented roundings, every sum in float
+// in its own order (projections and scores left to right, P·V over key tiles), and the online softmax's
+// normalization after the rounding: per tile of kTile keys the running max m, e_j = exp(z_j − m) rounded to
+// bfloat16 for P·V, the accumulator and the sum of the unrounded e_j rescaled by exp(m_old − m_new) when m
+// grows, C = acc / sum at the end. It stands for the SIMD path the tight bound must accept (before that path
+// exists, and as a check that the bound is not tighter than such a path can be).
+std::vector<float> emulate_fast_path(const Data& D, std::size_t tile) {
+    const Case& c = D.c;
+    const std::size_t E = c.E, H = c.H, G = c.H / c.Hkv, d = c.d, qw = D.qw, kvw = D.kvw, Lq = c.Lq, Lk = c.Lk;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const mha_bf16::Spec sp = D.spec();
+    auto rounded = [](const float* p, std::size_t n) {
+        std::vector<float> r(p, p + n);
+        for (float& x : r) x = mha::round_to_bf16(x);
+        return r;
+    };
+    auto linear = [](const std::vector<float>& x, std::size_t L, std::size_t K, const std::vector<float>& w, const std::vector<float>& b,
+                     std::size_t N) {
+        std::vector<float> y(L * N);
+        for (std::size_t i = 0; i < L; ++i)
+            for (std::size_t n = 0; n < N; ++n) {
+                float acc = 0.0f;
+                for (std::size_t k = 0; k < K; ++k) acc += x[i * K + k] * w[n * K + k];
+                y[i * N + n] = acc + b[n];
+            }
+        return y;
+    };
+    auto rope = [&](std::vector<float>& y, std::size_t L, std::size_t heads, std::size_t start) {
+        if (!sp.rope) return;
+        const std::size_t r = sp.rope->dims, half = r / 2;
+        for (std::size_t i = 0; i < L; ++i)
+            for (std::size_t h = 0; h < heads; ++h)
+                for (std::size_t k = 0; k < half; ++k) {
+                    const double angle = double(start + i) * std::pow(double(sp.rope->theta), -2.0 * double(k) / double(r));
+                    const float co = float(std::cos(angle)), si = float(std::sin(angle));
+                    const bool hs = sp.rope->style == mha::RopeStyle::half;
+                    float& x1 = y[(i * heads + h) * d + (hs ? k : 2 * k)];
+                    float& x2 = y[(i * heads + h) * d + (hs ? k + half : 2 * k + 1)];
+                    const float a = x1, b = x2;
+                    x1 = a * co - b * si, x2 = b * co + a * si;
+                }
+    };
+    const std::vector<float> wq = rounded(D.w.wq.data(), D.w.wq.size()), wk = rounded(D.w.wk.data(), D.w.wk.size());
+    const std::vector<float> wv = rounded(D.w.wv.data(), D.w.wv.size()), wo = rounded(D.w.wo.data(), D.w.wo.size());
+    std::vector<float> out(c.B * Lq * E);
+    for (std::size_t b = 0; b < c.B; ++b) {
+        std::vector<float> q = linear(rounded(D.query.data() + b * Lq * E, Lq * E), Lq, E, wq, D.w.bq, qw);
+        std::vector<float> k = linear(rounded(D.key_data() + b * Lk * D.kdim, Lk * D.kdim), Lk, D.kdim, wk, D.w.bk, kvw);
+        std::vector<float> v = linear(rounded(D.value_data() + b * Lk * D.vdim, Lk * D.vdim), Lk, D.vdim, wv, D.w.bv, kvw);
+        rope(q, Lq, H, sp.query_start), rope(k, Lk, c.Hkv, sp.key_start);
+        for (auto* t : {&q, &k, &v})
+            for (float& x : *t) x = mha::round_to_bf16(x);
+        std::vector<float> ctx(Lq * qw, 0.0f);
+        for (std::size_t h = 0; h < H; ++h)
+            for (std::size_t i = 0; i < Lq; ++i) {
+                float m = -INFINITY, l = 0.0f;
+                std::vector<float> acc(d, 0.0f);
+                for (std::size_t j0 = 0; j0 < Lk; j0 += tile) {
+                    const std::size_t j1 = std::min(Lk, j0 + tile);
+                    std::vector<float> z(j1 - j0, -INFINITY);
+                    float tmax = -INFINITY;
+                    for (std::size_t j = j0; j < j1; ++j) {
+                        const double m1 = D.kpm.present() ? D.kpm.at(b * Lk + j) : 0.0;
+                        const double m2 = !D.am.present() ? 0.0 : D.am.rank == 2 ? D.am.at(i * Lk + j) : D.am.at(((b * H + h) * Lq + i) * Lk + j);
+                        const long long last = c.alignment == mha::CausalAlignment::top_left ? (long long)i : (long long)i + (long long)Lk - (long long)Lq;
+                        if ((c.causal && (long long)j > last) || m1 == -INFINITY || m2 == -INFINITY) continue;
+                        float dot = 0.0f;
+                        for (std::size_t t = 0; t < d; ++t) dot += q[i * qw + h * d + t] * k[j * kvw + (h / G) * d + t];
+                        z[j - j0] = scale * dot + float(m1) + float(m2);
+                        tmax = std::max(tmax, z[j - j0]);
+                    }
+                    if (tmax == -INFINITY) continue;
+                    const float mnew = std::max(m, tmax), r = m == -INFINITY ? 0.0f : std::exp(m - mnew);
+                    l *= r;
+                    for (float& a : acc) a *= r;
+                    m = mnew;
+                    for (std::size_t j = j0; j < j1; ++j) {
+                        if (z[j - j0] == -INFINITY) continue;
+                        const float e = std::exp(z[j - j0] - m), eb = mha::round_to_bf16(e);
+                        l += e;
+                        for (std::size_t t = 0; t < d; ++t) acc[t] += eb * v[j * kvw + (h / G) * d + t];
+                    }
+                }
+                for (std::size_t t = 0; t < d; ++t) ctx[i * qw + h * d + t] = l > 0.0f ? mha::round_to_bf16(acc[t] / l) : 0.0f;
+            }
+        const std::vector<float> o = linear(ctx, Lq, qw, wo, D.w.bo, E);
+        for (std::size_t i = 0; i < Lq; ++i) {
+            float* y = out.data() + (b * Lq + i) * E;
+            std::copy_n(o.begin() + std::ptrdiff_t(i * E), E, y);
+            if (!c.norm_eps) continue;
+            const float* x = D.query.data() + (b * Lq + i) * E;
+            float mean = 0.0f, var = 0.0f;
+            for (std::size_t r = 0; r < E; ++r) y[r] += x[r], mean += y[r];
+            mean /= float(E);
+            for (std::size_t r = 0; r < E; ++r) var += (y[r] - mean) * (y[r] - mean);
+            const float rs = 1.0f / std::sqrt(var / float(E) + *c.norm_eps);
+            for (std::size_t r = 0; r < E; ++r) y[r] = D.w.norm_w[r] * ((y[r] - mean) * rs) + D.w.norm_b[r];
+        }
+    }
+    return out;
+}
+
+// The tight bound accepts the fast path's model (tiles of 16 and 256 keys) against the bf16 reference, and the
+// oracle bound accepts it against the oracle.
+TEST(Bf16Reference, TightBoundAcceptsTheFastPathModel) {
+    for (const Case& cs : kCases) {
+        SCOPED_TRACE(cs.name);
+        const Data D(cs);
+        const mha_bf16::Expected ex = D.expected();
+        const auto ref = D.run(D.make(mha::DataType::bf16), mha::Backend::scalar);
+        const std::vector<double> refd(ref.output.begin(), ref.output.end());
+        for (std::size_t tile : {16, 256}) {
+            SCOPED_TRACE(::testing::Message() << "tile " << tile);
+            const std::vector<float> fast = emulate_fast_path(D, tile);
+            EXPECT_TRUE(mha_test::all_within(fast, refd, scaled(ex.out.d, kTightFactor))) << "model of the fast path against the reference";
+            double worst = 0.0;  // the largest |fast − ref| / bound (recorded)
+            for (std::size_t n = 0; n < fast.size(); ++n)
+                worst = std::max(worst, std::abs(double(fast[n]) - refd[n]) / (kTightFactor * ex.out.d[n]));
+            RecordProperty(std::string(cs.name) + " tile " + std::to_string(tile), "max |fast - ref| / tight bound " + std::to_string(worst));
+            EXPECT_TRUE(mha_test::all_within(fast, ex.out.o, scaled(ex.out.e, kOracleFactor))) << "model of the fast path against the oracle";
+        }
+    }
+}
+
 // The SIMD backend with compute bf16 against the bf16 reference (tight) and the oracle, every ISA and impl.
 TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
     for (const Case& cs : kCases) {
