@@ -16,8 +16,6 @@ void pack_panels_bf16(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t p
     Bf16Kernels::pack_panels(arch_avx512{}, b, tb, dst, panel_stride);
 }
 
-std::size_t gemm_bf16_scratch(std::size_t m, std::size_t k) noexcept { return Bf16Kernels::scratch(arch_avx512{}, m, k); }
-
 void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
                std::uint16_t* scratch) {
     assert(bf16_kernels_available() && a.cols == b.k && c.cols == b.n && a.rows == c.rows);

@@ -19,6 +19,8 @@
 namespace mha::simd {
 
 inline constexpr std::size_t kBf16PanelWidth = 32;
+// The microkernel's rows and the longest k-block (even): the A pack buffer holds one k-block of all rows.
+inline constexpr std::size_t kBf16Rows = 8, kBf16KBlock = 1024;
 
 // A B operand in bf16 panels (layout above); data 64-byte aligned, panel_stride a multiple of 32 elements.
 struct Bf16Panels {
@@ -43,8 +45,14 @@ bool bf16_kernels_available() noexcept;
 // Bf16Panels::min_panel_stride(K), a multiple of 32). Writes the padding zeros too. bf16 kernels only.
 void pack_panels_bf16(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept;
 
+// k-blocks of K: balanced, whole pairs each (only the last may end on an odd row), at most kBf16KBlock long.
+inline std::size_t bf16_kblocks(std::size_t k) noexcept { return ((k + 1) / 2 + kBf16KBlock / 2 - 1) / (kBf16KBlock / 2); }
 // uint16 elements of A pack buffer gemm_bf16 needs for M rows and K columns (any m' <= m, k' <= k).
-std::size_t gemm_bf16_scratch(std::size_t m, std::size_t k) noexcept;
+inline std::size_t gemm_bf16_scratch(std::size_t m, std::size_t k) noexcept {
+    if (m == 0 || k == 0) return 0;
+    const std::size_t nb = bf16_kblocks(k), kp_max = ((k + 1) / 2 + nb - 1) / nb;
+    return (m + kBf16Rows - 1) / kBf16Rows * kBf16Rows * kp_max * 2;
+}
 
 // C = alpha·A·B + beta·C (+ bias[j] when bias != nullptr); A [M, K] fp32 row-major (rounded to bf16 while
 // packed), B [K, N] in panels, C [M, N]. beta == 0 does not read C. scratch: gemm_bf16_scratch(M, K) uint16,
@@ -85,7 +93,6 @@ struct Bf16Kernels {
     static void pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept;
     static void gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                      Matrix c, std::uint16_t* scratch) noexcept;
-    static std::size_t scratch(arch_avx512, std::size_t m, std::size_t k) noexcept;
 };
 
 }  // namespace mha::simd

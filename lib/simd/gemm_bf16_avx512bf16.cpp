@@ -24,7 +24,7 @@ namespace {
 using u32a = std::uint32_t __attribute__((may_alias));
 
 // 8 rows × 2 vectors = 16 accumulators, as the fp32 kernel (two dot-product ports, latency ~6 cycles).
-constexpr std::size_t MR = 8, NR = kBf16PanelWidth, KC = 1024, NC = 512;
+constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth, NC = 512;
 
 template <class Arch>
 struct Bf16Gemm {
@@ -120,16 +120,8 @@ struct Bf16Gemm {
     }
     static constexpr TileRow tiles[2] = {tile_row<1>(std::make_index_sequence<MR>{}), tile_row<2>(std::make_index_sequence<MR>{})};
 
-    // k-blocks of balanced length in whole pairs (only the last may end on an odd row).
-    static std::size_t kblocks(std::size_t k) noexcept { return ((k + 1) / 2 + KC / 2 - 1) / (KC / 2); }
     static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) noexcept {
         return min_size(k, b * ((k + 1) / 2) / nb * 2);
-    }
-
-    static std::size_t scratch(std::size_t m, std::size_t k) noexcept {
-        if (m == 0 || k == 0) return 0;
-        const std::size_t nb = kblocks(k), kp_max = ((k + 1) / 2 + nb - 1) / nb;
-        return (m + MR - 1) / MR * MR * kp_max * 2;
     }
 
     static void gemm(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
@@ -146,7 +138,7 @@ struct Bf16Gemm {
             return;
         }
         u32a* ap = reinterpret_cast<u32a*>(scratch_buf);
-        const std::size_t np = (M + MR - 1) / MR, nb = kblocks(K);
+        const std::size_t np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
         for (std::size_t kb = 0; kb < nb; ++kb) {
             const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
             for (std::size_t r = 0; r < np; ++r) {
@@ -181,10 +173,6 @@ void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_
 void Bf16Kernels::gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                        Matrix c, std::uint16_t* scratch) noexcept {
     Bf16Gemm<arch_avx512>::gemm(alpha, a, b, beta, bias, c, scratch);
-}
-
-std::size_t Bf16Kernels::scratch(arch_avx512, std::size_t m, std::size_t k) noexcept {
-    return Bf16Gemm<arch_avx512>::scratch(m, k);
 }
 
 }  // namespace mha::simd
