@@ -87,7 +87,7 @@ struct Weights {
 
 struct Expected {
     Track out;                        // [B, Lq, E]
-    Track probs;                      // [B, H, Lq, Lk] (fp32 softmax of the scores; not rounded)
+    Track probs;                      // [B, H, Lq, Lk]: P rounded to bfloat16 (the returned attention weights)
     std::vector<double> averaged_o, averaged_e, averaged_t, averaged_d;  // [B, Lq, Lk]
 };
 
@@ -265,11 +265,15 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
                 const std::size_t at = i * qw + h * d;
                 const detail::RowOut ro = detail::softmax_pv(zo, eo, v.o, v.e, kvw, kh * d, d, false, &ctx.o[at], &ctx.e[at]);
                 const detail::RowOut rt = detail::softmax_pv(zt, et, v.t, v.d, kvw, kh * d, d, true, &ctx.t[at], &ctx.d[at]);
+                // The returned weights are P rounded to bfloat16 (as P·V reads it, normalized).
+                Track pr(Lk);
+                for (std::size_t j = 0; j < Lk; ++j) pr.o[j] = ro.p[j], pr.e[j] = ro.ep[j], pr.t[j] = rt.p[j], pr.d[j] = rt.ep[j];
+                round_track(pr);
                 for (std::size_t j = 0; j < Lk; ++j) {
                     const std::size_t pi = ((b * H + h) * Lq + i) * Lk + j, ai = (b * Lq + i) * Lk + j;
-                    ex.probs.o[pi] = ro.p[j], ex.probs.e[pi] = ro.ep[j], ex.probs.t[pi] = rt.p[j], ex.probs.d[pi] = rt.ep[j];
-                    ex.averaged_o[ai] += ro.p[j] / double(H), ex.averaged_e[ai] += ro.ep[j] / double(H);
-                    ex.averaged_t[ai] += rt.p[j] / double(H), ex.averaged_d[ai] += rt.ep[j] / double(H);
+                    ex.probs.o[pi] = pr.o[j], ex.probs.e[pi] = pr.e[j], ex.probs.t[pi] = pr.t[j], ex.probs.d[pi] = pr.d[j];
+                    ex.averaged_o[ai] += pr.o[j] / double(H), ex.averaged_e[ai] += pr.e[j] / double(H);
+                    ex.averaged_t[ai] += pr.t[j] / double(H), ex.averaged_d[ai] += pr.d[j] / double(H);
                 }
             }
         }

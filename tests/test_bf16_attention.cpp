@@ -372,8 +372,8 @@ TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
     }
 }
 
-// need_weights with bf16 compute: the fp32 probabilities of the bf16 scores (averaged and per head), and the
-// outputs, against the reference and the oracle.
+// need_weights with bf16 compute: the probabilities P rounded to bfloat16 (as P·V reads them; averaged and per
+// head), and the outputs, against the reference and the oracle.
 TEST(Bf16Simd, NeedWeights) {
     const Case cs{.name = "weights", .E = 64, .H = 8, .Hkv = 2, .d = 8, .B = 2, .Lq = 21, .Lk = 37, .rope = rope(mha::RopeStyle::half),
                   .position_offset = 5, .causal = true, .alignment = mha::CausalAlignment::bottom_right, .key_padding = 1,

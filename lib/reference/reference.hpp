@@ -60,7 +60,7 @@ void rope_row(float* x, const RopeConfig& rope, std::size_t position) noexcept;
 // is -inf whatever Q·K gave), softmax rows, P·V over the unmasked keys. probs: nullptr or [B, H, Lq, Lk]
 // contiguous, receives the probabilities. Inputs validated by the caller. Allocates its own scratch.
 // compute bf16: q, k and v are read rounded to bfloat16 (round_to_bf16), the scores q·k and P·V are
-// accumulated in double, and P enters P·V normalized and rounded to bfloat16 (probs receives the fp32 P).
+// accumulated in double, and P enters P·V normalized and rounded to bfloat16 (probs receives the rounded P).
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
                     float* probs, DataType compute = DataType::f32);
 

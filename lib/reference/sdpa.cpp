@@ -10,7 +10,7 @@
 // probs (nullable) receives P as [B, H, Lq, Lk] contiguous.
 // compute bf16 (AttentionConfig::compute): q, k, v read as round_to_bf16 of their values, S = float(scale·
 // Σ q·k) with the sum in double, P (fp32 softmax) rounded to bfloat16 after normalization as the input of
-// P·V, whose sum runs in double; probs receives the unrounded P.
+// P·V, whose sum runs in double; probs receives that rounded P (the attention weights of a bf16 layer).
 // Preconditions (checked by the public API): H % Hkv == 0, shapes agree (q.dim == k.dim, out [B, H, Lq, dv]),
 // masks of the documented shapes, out does not overlap the inputs. Allocates its own scratch.
 #include <cstddef>
@@ -98,7 +98,7 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
                 }
             if (probs != nullptr) {
                 float* dst = probs + (b * H + h) * Lq * Lk;
-                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = scores[i];
+                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = bf16 ? mha::round_to_bf16(scores[i]) : scores[i];
             }
         }
     }
