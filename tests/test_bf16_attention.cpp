@@ -366,6 +366,10 @@ TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
                 SCOPED_TRACE(impl_name(impl));
                 const auto simd = D.run(m, mha::Backend::simd, impl);
                 EXPECT_TRUE(mha_test::all_within(simd.output, refd, tight)) << "SIMD bf16 against the bf16 reference";
+                double worst = 0.0;  // the largest |simd − ref| / tight bound (recorded)
+                for (std::size_t n = 0; n < refd.size(); ++n) worst = std::max(worst, std::abs(double(simd.output[n]) - refd[n]) / tight[n]);
+                RecordProperty(std::string(cs.name) + " " + std::string(mha::isa_name(mha::active_isa())) + " " + impl_name(impl),
+                               "max |simd - ref| / tight bound " + std::to_string(worst));
                 EXPECT_TRUE(mha_test::all_within(simd.output, ex.out.o, oracle_tol)) << "SIMD bf16 against the float64 oracle";
             }
         });
