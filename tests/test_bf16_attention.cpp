@@ -203,6 +203,10 @@ TEST(Bf16Reference, TightBoundRefusesFp32) {
                            std::to_string(refused) + " of " + std::to_string(ref.output.size()));
         if (cs.tells_fp32) {
             EXPECT_GT(refused, 0u) << "the fp32 reference passes for bf16: the tight bound cannot tell them apart";
+            // So would a SIMD path that ignored compute (its fp32 forward).
+            const auto f32_simd = D.run(D.make(mha::DataType::f32), mha::Backend::simd);
+            EXPECT_FALSE(mha_test::all_within(f32_simd.output, std::vector<double>(ref.output.begin(), ref.output.end()),
+                                              scaled(ex.out.d, kTightFactor)));
         }
     }
 }
