@@ -7,8 +7,8 @@
 // the stored (rounded) values for every key, old and new. A decode step reads half the bytes with bf16 / f16.
 //
 // Layout (what the decode kernel reads): keys and values are two arrays [B, Hkv, capacity, d] of the element
-// type, row-major and contiguous, 64-byte aligned: the cached rows of one (sequence, KV head) are consecutive, so a decode
-// step streams them in order. Rows at or past a sequence's length hold stale data and are never read.
+// type, row-major and contiguous, 64-byte aligned: the cached rows of one (sequence, KV head) are
+// consecutive, so a decode step streams them in order. Rows at or past a sequence's length hold stale data and are never read.
 // Appending n tokens writes n rows per head: O(new tokens).
 //
 // MultiheadAttention::forward with a cache (mha/attention.hpp) projects only the new tokens, rotates them at
@@ -65,7 +65,8 @@ public:
     // Any element type: the raw storage of K / V, [B, Hkv, capacity, d] elements of element_type(), row-major.
     const void* key_storage() const noexcept { return keys_; }
     const void* value_storage() const noexcept { return values_; }
-    // Element-typed views of a bf16 / f16 cache (mha::invalid_argument if element_type() is not T's).
+    // Element-typed views: T is float, bfloat16 or float16 and must match element_type() (else
+    // mha::invalid_argument).
     template <class T>
     HeadsView<const T> keys_as() const { return typed<T>(keys_); }
     template <class T>
