@@ -3,6 +3,7 @@
 //   Linear layout C = A·Bᵀ (y = x·Wᵀ): 1024×2304×768 (fused QKV projection of 1024 tokens, E = 768),
 //   1024×768×768 (one projection), 128×128×64 (Q·Kᵀ of one head, d = 64), 128×64×128 (P·V of one head);
 //   Packed: the same with B prepacked once (simd::PackedMatrix) and the bias fused (gemm_packed);
+//   PackedBf16: Packed with bf16 operands on AVX512_BF16 (Bf16PackedMatrix, gemm_bf16; skipped without it);
 //   Head: the attention calls as the attention code makes them: Q_h·K_hᵀ with Q_h, K_h column slices
 //   of a [L, 3E] buffer (stride 3E = 2304), and P·V_h with V_h such a slice (B not transposed).
 // Rates use wall time (like the anchors in shared/anchors). Run pinned to one core:
@@ -10,12 +11,14 @@
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <random>
 #include <vector>
 
 #include <mha/isa.hpp>
 #include <mha/kernels.hpp>
 
+#include "simd/gemm_bf16.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -77,6 +80,26 @@ void BM_Packed(benchmark::State& state) {
 }
 
 // S[Lq, Lk] = Q_h·K_hᵀ, Q_h and K_h = [L, d] column slices of [L, 3E] buffers (stride 3E = 2304).
+// BM_Packed in bf16: W packed once into bf16 panels, x rounded while packed, fp32 accumulation. Args: M, N, K.
+void BM_PackedBf16(benchmark::State& state) {
+    if (!mha::simd::bf16_kernels_available()) {
+        state.SkipWithError("this CPU has no AVX512_BF16");
+        return;
+    }
+    const auto m = std::size_t(state.range(0)), n = std::size_t(state.range(1)), k = std::size_t(state.range(2));
+    const auto a = random_vector(m * k, 1), w = random_vector(n * k, 2), bias = random_vector(n, 3);
+    std::vector<float> c(m * n);
+    const mha::simd::Bf16PackedMatrix packed({ConstMatrix(w.data(), n, k)}, Trans::yes);
+    std::vector<std::uint16_t> scratch(mha::simd::gemm_bf16_scratch(m, k) + 32);
+    auto* buf = reinterpret_cast<std::uint16_t*>((reinterpret_cast<std::uintptr_t>(scratch.data()) + 63) / 64 * 64);
+    for (auto _ : state) {
+        mha::simd::gemm_bf16(1.0f, ConstMatrix(a.data(), m, k), packed.all(), 0.0f, bias.data(), Matrix(c.data(), m, n), buf);
+        benchmark::DoNotOptimize(c.data());
+        benchmark::ClobberMemory();
+    }
+    set_flops(state, m, n, k);
+}
+
 // Args: Lq, Lk, d, isa (-1 scalar).
 void BM_HeadQK(benchmark::State& state) {
     const auto lq = std::size_t(state.range(0)), lk = std::size_t(state.range(1)), d = std::size_t(state.range(2));
@@ -138,6 +161,9 @@ BENCHMARK(BM_Packed)->ArgNames({"M", "N", "K", "isa"})->Apply([](auto* b) {
     big_shapes(b, kAvx512);
     small_shapes(b, kAvx512);
     big_shapes(b, kAvx2);
+})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PackedBf16)->ArgNames({"M", "N", "K"})->Apply([](auto* b) {
+    b->Args({1024, 2304, 768})->Args({1024, 768, 768})->Args({128, 128, 64})->Args({128, 64, 128});
 })->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HeadQK)->ArgNames({"Lq", "Lk", "d", "isa"})->Apply([](auto* b) {
     for (long isa : {kAvx512, kAvx2, kScalar}) b->Args({128, 128, 64, isa});

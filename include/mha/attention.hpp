@@ -154,6 +154,23 @@ struct AttentionOutputs {
                                     // must not overlap the inputs or the output
 };
 
+// Activations held in 16-bit floats (mha/half.hpp) where the caller keeps them: query/key/value and the
+// output as uint16 views of bfloat16 or float16 bits (`type`), strided as AttentionInputs. The forward
+// widens the inputs exactly into fp32 copies (leased from the scratch cache, like the workspace), runs as
+// the layer is configured (AttentionConfig::compute f32 or bf16), and rounds the output to `type` (nearest
+// even). Attention weights, when asked for, are fp32.
+struct HalfAttentionInputs {
+    DataType type = DataType::bf16;           // bf16 or f16
+    BatchView<const std::uint16_t> query;     // [B, Lq, E]
+    BatchView<const std::uint16_t> key;       // [B, Lk, kdim]; data == nullptr: key = query
+    BatchView<const std::uint16_t> value;     // [B, Lk, vdim]; data == nullptr: value = key
+    MaskView key_padding_mask, attn_mask;
+};
+struct HalfAttentionOutputs {
+    BatchView<std::uint16_t> output;  // [B, Lq, E], the inputs' type; must not overlap them
+    float* attn_weights = nullptr;
+};
+
 class MultiheadAttention {
 public:
     // nn.MultiheadAttention: in_proj_weight [3E, E], d = E / H. Throws mha::invalid_argument if embed_dim
@@ -197,6 +214,11 @@ public:
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache,
                  Workspace& workspace) const;
     std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options, const KVCache& cache) const;
+    // The same computations on 16-bit activations (HalfAttentionInputs above); the cache overload appends the
+    // new tokens as the fp32 one does.
+    void forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& options = {}) const;
+    void forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& options,
+                 KVCache& cache) const;
     // Bytes of workspace a forward with these inputs' shapes (only their sizes and whether key/value are the
     // query are read) and options needs; 0 for the scalar backend. With options.threads == 0 it depends on
     // the arena the caller is in (all cores outside any): ask from where forward will run.

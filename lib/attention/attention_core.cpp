@@ -22,6 +22,7 @@
 #include <tbb/task_arena.h>
 
 #include "../core/validate.hpp"
+#include "../simd/round_bf16.hpp"
 
 namespace mha::detail {
 namespace {
@@ -119,7 +120,7 @@ CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t L
 CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot) {
     CoreLayout l;
     l.value_flags = call.take(scratch_mul(s.B, s.Hkv) / sizeof(float) + 1);
-    std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;
+    std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0, gemm16 = 0;
     if (path == CorePath::decode) {  // the decode kernels read K and V in place: no GEMM pack buffers
         const std::size_t m = s.H / s.Hkv * s.Lq;
         l.splits = (s.Lk + kDecodeSplit - 1) / kDecodeSplit;
@@ -142,6 +143,8 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         scores = scratch_mul(m, kKeyTile);
         accumulator = scratch_mul(m, s.d);
         row_stats = scratch_mul(2, m);
+        // bf16 panels take at most half the floats of the fp32 ones sized above; the A pack buffer is per thread.
+        if (s.bf16 && detected_isa() >= Isa::avx512_bf16) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
     } else {
         // per_head writes the probabilities straight into attn_weights.
         scores = need_weights == NeedWeights::per_head ? 0 : scratch_mul(kQueryBlock, s.Lk);
@@ -160,6 +163,8 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     l.row_stats = slot.take(row_stats);
     l.gemm_a = slot.take(l.gemm.a_floats);
     l.gemm_b = slot.take(l.gemm.b_floats);
+    l.gemm16_floats = gemm16;
+    l.gemm16 = slot.take(gemm16);
     return l;
 }
 
@@ -203,7 +208,21 @@ AttentionCore::AttentionCore(const CoreProblem& problem, CorePath path, const Co
         value_head_floats_ = simd::PanelMatrix::floats(panel_isa_, d_, value_panel_stride_);
         key_panels_ = base + layout.key_panels;
         value_panels_ = base + layout.value_panels;
+        panels16_ = problem.bf16 && simd::bf16_kernels_available() && layout.gemm16_floats != 0;
+        if (panels16_) {  // the same regions in uint16 elements
+            key_panel_stride_ = simd::Bf16Panels::min_panel_stride(d_);
+            value_panel_stride_ = simd::Bf16Panels::min_panel_stride(Lk_);
+            key_head_floats_ = simd::Bf16Panels::elements(Lk_, key_panel_stride_);      // uint16 elements here
+            value_head_floats_ = simd::Bf16Panels::elements(d_, value_panel_stride_);
+        }
     }
+}
+
+simd::Bf16Panels AttentionCore::key_panels16(std::size_t b, std::size_t kvh) const noexcept {
+    return {reinterpret_cast<const std::uint16_t*>(key_panels_) + (b * Hkv_ + kvh) * key_head_floats_, d_, Lk_, key_panel_stride_};
+}
+simd::Bf16Panels AttentionCore::value_panels16(std::size_t b, std::size_t kvh) const noexcept {
+    return {reinterpret_cast<const std::uint16_t*>(value_panels_) + (b * Hkv_ + kvh) * value_head_floats_, Lk_, d_, value_panel_stride_};
 }
 
 simd::PanelMatrix AttentionCore::key_panels(std::size_t b, std::size_t kvh) const noexcept {
@@ -279,9 +298,16 @@ void AttentionCore::pack_keys_values() const {
             const std::size_t n = std::min(kPackBlock, keys_of(b) - j0);
             const ConstMatrix k = p_.k.head(b, kvh).row_block(j0, n), v = p_.v.head(b, kvh).row_block(j0, n);
             // Keys j0.. are columns of K_hᵀ (panels j0 / NR..) and rows of V_h (j0 rows into every panel).
-            simd::pack_panels(panel_isa_, k, Trans::yes, key_panels_ + bh * key_head_floats_ + j0 / nr * key_panel_stride_,
-                              key_panel_stride_);
-            simd::pack_panels(panel_isa_, v, Trans::no, value_panels_ + bh * value_head_floats_ + j0 * nr, value_panel_stride_);
+            if (panels16_) {  // an odd chunk's last pair gets a zero partner (P·V reads whole pairs)
+                auto* keys16 = reinterpret_cast<std::uint16_t*>(key_panels_) + bh * key_head_floats_;
+                auto* values16 = reinterpret_cast<std::uint16_t*>(value_panels_) + bh * value_head_floats_;
+                simd::pack_panels_bf16(k, Trans::yes, keys16 + j0 / simd::kBf16PanelWidth * key_panel_stride_, key_panel_stride_);
+                simd::pack_panels_bf16(v, Trans::no, values16 + j0 * simd::kBf16PanelWidth, value_panel_stride_);
+            } else {
+                simd::pack_panels(panel_isa_, k, Trans::yes, key_panels_ + bh * key_head_floats_ + j0 / nr * key_panel_stride_,
+                                  key_panel_stride_);
+                simd::pack_panels(panel_isa_, v, Trans::no, value_panels_ + bh * value_head_floats_ + j0 * nr, value_panel_stride_);
+            }
             g_kv_rows_read.fetch_add(2 * n, std::memory_order_relaxed);
             if (value_flags_ != nullptr) {  // while the rows are in cache: a NaN/±inf value needs the careful P·V
                 bool bad = false;
@@ -357,6 +383,7 @@ void AttentionCore::decode_split(std::size_t b, std::size_t kvh, std::size_t j0,
     const bool masked_here = padding.present() || attn_mask_.present() || (p_.causal && j_end > visible_keys(b, 0));
     bool careful = false;
     for (std::size_t j = 0; masked_here && j < n && !careful; ++j) careful = any_nonfinite(v.row(j), d_);
+    if (p_.bf16) simd::round_to_bf16_inplace(st);  // P as the input of P·V
     if (careful) {
         for (std::size_t t = 0; t < G_; ++t)
             accumulate_unmasked(b, kvh * G_ + t, 0, j0, ConstMatrix(st.row_block(t * Lq_, Lq_)), o.row_block(t * Lq_, Lq_));
@@ -407,6 +434,8 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
     reset_online_softmax(row_max, row_sum, o);
 
     const simd::PanelMatrix k_t = key_panels(b, kvh), v = value_panels(b, kvh);
+    const simd::Bf16Panels k16 = panels16_ ? key_panels16(b, kvh) : simd::Bf16Panels{}, v16 = panels16_ ? value_panels16(b, kvh) : simd::Bf16Panels{};
+    auto* a16 = reinterpret_cast<std::uint16_t*>(thread_slot(slots_, slot_floats_, threads_) + layout_.gemm16);
     const simd::MaskRow padding = key_padding_row(b);
     const bool careful = value_nonfinite(b, kvh);  // a value is NaN or ±inf: masked keys must be skipped
     const std::size_t key_end = visible_keys(b, i0 + rows - 1);
@@ -415,7 +444,10 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
         const std::size_t kt = std::min(tile, key_end - j0);
         if (padding.present() && all_masked(padding.from(j0), kt)) continue;
         const Matrix st = sc.columns(0, kt);
-        simd::gemm_panels(p_.scale, ConstMatrix(q), Trans::no, k_t.columns(j0, kt), 0.0f, st);
+        if (panels16_)
+            simd::gemm_bf16(p_.scale, ConstMatrix(q), k16.columns(j0, kt), 0.0f, nullptr, st, a16);
+        else
+            simd::gemm_panels(p_.scale, ConstMatrix(q), Trans::no, k_t.columns(j0, kt), 0.0f, st);
         for (std::size_t row = 0; row < m; ++row) {
             const std::size_t t = row / rows, i = i0 + row % rows;
             const std::size_t vis = visible_keys(b, i), valid = vis > j0 ? std::min(kt, vis - j0) : 0;
@@ -432,10 +464,13 @@ void AttentionCore::grouped_task(std::size_t b, std::size_t kvh, std::size_t i0,
             }
             row_sum[row] += tile_sum;
         }
+        if (p_.bf16 && (careful || !panels16_)) simd::round_to_bf16_inplace(st);  // (the bf16 kernel rounds as it packs)
         if (careful) {  // unpacked V, masked keys left out
             for (std::size_t t = 0; t < G_; ++t)
                 accumulate_unmasked(b, kvh * G_ + t, i0, j0, ConstMatrix(st.row_block(t * rows, rows)),
                                     o.row_block(t * rows, rows));
+        } else if (panels16_) {
+            simd::gemm_bf16(1.0f, ConstMatrix(st), v16.rows(j0, kt), 1.0f, nullptr, o, a16);
         } else {
             simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
         }
@@ -472,6 +507,7 @@ void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, s
         simd::softmax_row(s.row(r), cols, visible_keys(b, i), 1.0f, key_padding_row(b), attn_mask_row(b, h, i));
     }
     g_kv_rows_read.fetch_add(2 * keys, std::memory_order_relaxed);
+    if (p_.bf16) simd::round_to_bf16_inplace(s);  // P as the input of P·V (and as the weights returned)
     if (value_nonfinite(b, h / G_)) {  // a masked key must not contribute 0·NaN
         for (std::size_t r = 0; r < rows; ++r) std::fill(c.row(r), c.row(r) + d_, 0.0f);
         accumulate_unmasked(b, h, i0, 0, ConstMatrix(s.columns(0, keys)), c);

@@ -22,6 +22,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/sdpa.hpp"
+#include "../simd/gemm_bf16.hpp"
 #include "../simd/simd.hpp"
 
 namespace mha::detail {
@@ -55,6 +56,7 @@ std::size_t scratch_mul(std::size_t a, std::size_t b);
 
 struct CoreShape {
     std::size_t B = 0, H = 0, Hkv = 0, d = 0, Lq = 0, Lk = 0;
+    bool bf16 = false;  // CoreProblem::bf16
 };
 
 // Where the core's scratch lives, in floats: per-call regions from `call`, per-thread regions from `slot`
@@ -65,6 +67,7 @@ struct CoreLayout {
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;  // per thread
     std::size_t gemm_a = 0, gemm_b = 0;
     simd::GemmScratchSize gemm{};
+    std::size_t gemm16 = 0, gemm16_floats = 0;  // per thread, grouped bf16: the bf16 GEMM's A pack buffer
 };
 CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot);
 
@@ -87,6 +90,10 @@ struct CoreProblem {
     const std::size_t* key_lengths = nullptr;
     NeedWeights need_weights = NeedWeights::none;
     float* attn_weights = nullptr;  // averaged [B, Lq, Lk] or per_head [B, H, Lq, Lk]
+    // bf16 compute (AttentionConfig::compute): q, k, v already hold bf16 values; P is rounded to bf16 as the
+    // input of P·V (so returned weights are the rounded P), and the grouped path runs its GEMMs on the bf16
+    // kernels when the CPU has them.
+    bool bf16 = false;
 };
 
 // The per-thread slot of this thread in the arena (tbb's current_thread_index).
@@ -149,6 +156,9 @@ private:
     std::uint8_t* value_flags_ = nullptr;  // [B·Hkv] when masks are present
     float* key_panels_ = nullptr;
     float* value_panels_ = nullptr;
+    bool panels16_ = false;  // grouped bf16 on the bf16 kernels: the panel regions hold Bf16Panels
+    simd::Bf16Panels key_panels16(std::size_t b, std::size_t kvh) const noexcept;
+    simd::Bf16Panels value_panels16(std::size_t b, std::size_t kvh) const noexcept;
     float* partials_ = nullptr;  // decode: per (b, kvh, split) M row maxima, M sums, M×d outputs
     std::size_t key_panel_stride_ = 0, value_panel_stride_ = 0, key_head_floats_ = 0, value_head_floats_ = 0;
     Isa panel_isa_ = Isa::sse2;

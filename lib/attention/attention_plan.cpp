@@ -12,6 +12,7 @@
 
 #include "../core/validate.hpp"
 #include "kv_elements.hpp"
+#include "../simd/round_bf16.hpp"
 #include "rope.hpp"
 
 namespace mha::detail {
@@ -77,7 +78,7 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
     l.context = c.take(scratch_mul(scratch_mul(B, Lq), qw));
     l.cache_keys = core_keys(in, cache);
     if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
-    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys};
+    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute == DataType::bf16};
     const CorePath path = layer_core_path(st, in, opt, l.cache_keys);
     if (cache != nullptr && cache->element_type() != DataType::f32 && path != CorePath::decode) {
         const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
@@ -87,6 +88,10 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
     }
     l.core = core_layout(shape, path, opt.need_weights, c, slot);
     l.rope_table = slot.take(st.rope ? scratch_mul(kRowBlock, st.rope->dims) : 0);
+    if (st.compute == DataType::bf16) {
+        const std::size_t k = std::max({st.E, st.kdim, st.vdim, qw});
+        l.linear16 = slot.take(std::max(scratch_mul(kRowBlock, k), simd::gemm_bf16_scratch(kRowBlock, k) / 2 + 1));
+    }
     l.slot_floats = slot.total;
     l.threads = arena_threads(opt.threads);
     l.slots = c.take(scratch_mul(l.threads, l.slot_floats));
@@ -99,7 +104,8 @@ LayerPlan::LayerPlan(const MultiheadAttention::State& st, const AttentionInputs&
     : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
       self_attention_(is_self_attention(in)),
       query_shift_(cache == nullptr && opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
-      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)) {
+      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)), bf16_(st.compute == DataType::bf16),
+      use16_(bf16_ && st.has_bf16_weights() && simd::bf16_kernels_available()) {
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (self_attention_) {
         const std::size_t w = qw + 2 * kvw;
@@ -114,6 +120,32 @@ LayerPlan::LayerPlan(const MultiheadAttention::State& st, const AttentionInputs&
         V_ = Batch(kv + kvw, B_, Lk_, kvw, 2 * kvw, Lk_ * 2 * kvw);
     }
     C_ = Batch(scratch + layout.context, B_, Lq_, qw);
+}
+
+bool LayerPlan::qkv_contiguous() const noexcept {
+    if (!use16_) return st_.in_proj.segments_contiguous();
+    return st_.q_width() % simd::kBf16PanelWidth == 0 && st_.kv_width() % simd::kBf16PanelWidth == 0;
+}
+
+void LayerPlan::round_projection(Matrix x) const noexcept {
+    if (bf16_) simd::round_to_bf16_inplace(x);
+}
+
+void LayerPlan::linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const {
+    float* slot = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.linear16;
+    if (use16_) {
+        const simd::Bf16Panels all = w == kQkv ? st_.in_proj16.all() : w == kOut ? st_.out_proj16.all() : st_.projection16(w);
+        simd::gemm_bf16(1.0f, x, all.columns(c0, nc), 0.0f, bias, y, reinterpret_cast<std::uint16_t*>(slot));
+        return;
+    }
+    if (bf16_) {  // the weights are rounded already; round this block of A into the slot
+        const Matrix copy(slot, x.rows, x.cols, x.cols);
+        for (std::size_t r = 0; r < x.rows; ++r) std::copy(x.row(r), x.row(r) + x.cols, copy.row(r));
+        simd::round_to_bf16_inplace(copy);
+        x = copy;
+    }
+    const simd::PackedMatrix::View all = w == kQkv ? st_.in_proj.all() : w == kOut ? st_.out_proj.all() : st_.projection(w);
+    simd::gemm_packed(1.0f, x, Trans::no, simd::PackedMatrix::columns(all, c0, nc), 0.0f, bias, y);
 }
 
 void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const {
@@ -143,17 +175,17 @@ void LayerPlan::project_few_tokens() const {
             std::size_t part = 0, blk = t;
             while (blk >= blocks[part]) blk -= blocks[part++];
             const std::size_t c0 = blk * kColumnBlock, nc = std::min(kColumnBlock, widths[part] - c0);
-            simd::gemm_packed(1.0f, x, Trans::no, simd::PackedMatrix::columns(st_.projection(part), c0, nc), 0.0f,
-                              st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
+            linear(x, static_cast<Weight>(part), c0, nc, st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
         }
     });
-    if (!st_.rope) return;
+    if (!st_.rope) return round_projection(qkv);
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t b = r.begin(); b != r.end(); ++b) {
             float* tab = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.rope_table;
             const Matrix rows = qkv.row_block(b * Lq_, Lq_);
             // The Q heads and then the K heads: H + Hkv consecutive d-wide heads at the same positions.
             rotate(rows.columns(0, qw + kvw), st_.H + st_.Hkv, start_position(b), tab);  // Lq <= kFewTokens = kRowBlock
+            round_projection(rows);
         }
     });
 }
@@ -208,15 +240,16 @@ void LayerPlan::project_inputs() const {
                 const std::size_t b = t / nq, r0 = (t % nq) * kRowBlock, n = std::min(kRowBlock, Lq_ - r0);
                 const Matrix qkv(Q_[b].data + r0 * w, n, w, w);
                 const ConstMatrix x = in_.query[b].row_block(r0, n);
-                if (st_.in_proj.segments_contiguous()) {
-                    simd::gemm_packed(1.0f, x, Trans::no, st_.in_proj.all(), 0.0f, st_.bias(0), qkv);
+                if (qkv_contiguous()) {
+                    linear(x, kQkv, 0, w, st_.bias(0), qkv);
                 } else {  // a segment is not a multiple of the panel width: Wq, Wk, Wv are padded apart
-                    simd::gemm_packed(1.0f, x, Trans::no, st_.projection(0), 0.0f, st_.bias(0), qkv.columns(0, qw));
-                    simd::gemm_packed(1.0f, x, Trans::no, st_.projection(1), 0.0f, st_.bias(1), qkv.columns(qw, kvw));
-                    simd::gemm_packed(1.0f, x, Trans::no, st_.projection(2), 0.0f, st_.bias(2), qkv.columns(qw + kvw, kvw));
+                    linear(x, kQ, 0, qw, st_.bias(0), qkv.columns(0, qw));
+                    linear(x, kK, 0, kvw, st_.bias(1), qkv.columns(qw, kvw));
+                    linear(x, kV, 0, kvw, st_.bias(2), qkv.columns(qw + kvw, kvw));
                 }
                 // Q and K heads are H + Hkv consecutive d-wide heads at the same positions (Lq == Lk): one table.
                 if (rope) rotate(qkv.columns(0, qw + kvw), H + Hkv, start_position(b) + r0, table());
+                round_projection(qkv);
             }
         });
         return;
@@ -228,19 +261,22 @@ void LayerPlan::project_inputs() const {
             if (u < nq) {
                 const std::size_t r0 = u * kRowBlock, n = std::min(kRowBlock, Lq_ - r0);
                 const Matrix q = Q_[b].row_block(r0, n);
-                simd::gemm_packed(1.0f, in_.query[b].row_block(r0, n), Trans::no, st_.projection(0), 0.0f, st_.bias(0), q);
+                linear(in_.query[b].row_block(r0, n), kQ, 0, qw, st_.bias(0), q);
                 if (rope) rotate(q, H, query_start(b) + r0, table());
+                round_projection(q);
                 continue;
             }
             const bool is_key = u < nq + nk;
             const std::size_t r0 = (is_key ? u - nq : u - nq - nk) * kRowBlock, n = std::min(kRowBlock, Lk_ - r0);
             if (is_key) {
                 const Matrix k = K_[b].row_block(r0, n);
-                simd::gemm_packed(1.0f, in_.key[b].row_block(r0, n), Trans::no, st_.projection(1), 0.0f, st_.bias(1), k);
+                linear(in_.key[b].row_block(r0, n), kK, 0, kvw, st_.bias(1), k);
                 if (rope) rotate(k, Hkv, start_position(b) + r0, table());
+                round_projection(k);
             } else {
-                simd::gemm_packed(1.0f, in_.value[b].row_block(r0, n), Trans::no, st_.projection(2), 0.0f, st_.bias(2),
-                                  V_[b].row_block(r0, n));
+                const Matrix v = V_[b].row_block(r0, n);
+                linear(in_.value[b].row_block(r0, n), kV, 0, kvw, st_.bias(2), v);
+                round_projection(v);
             }
         }
     });
@@ -255,9 +291,8 @@ void LayerPlan::project_output() const {
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, nblocks), [&](const tbb::blocked_range<std::size_t>& r) {
             for (std::size_t t = r.begin(); t != r.end(); ++t) {
                 const std::size_t c0 = t * kColumnBlock, nc = std::min(kColumnBlock, E - c0);
-                const auto wo = simd::PackedMatrix::columns(st_.out_proj.all(), c0, nc);
                 for (std::size_t b = 0; b < B_; ++b)
-                    simd::gemm_packed(1.0f, C_[b], Trans::no, wo, 0.0f, st_.out_b.data() + c0, out_.output[b].columns(c0, nc));
+                    linear(C_[b], kOut, c0, nc, st_.out_b.data() + c0, out_.output[b].columns(c0, nc));
             }
         });
         if (!opt_.norm_eps) return;
@@ -274,7 +309,7 @@ void LayerPlan::project_output() const {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t b = t / nq, r0 = (t % nq) * kRowBlock, n = std::min(kRowBlock, Lq_ - r0);
             const Matrix y = out_.output[b].row_block(r0, n);
-            simd::gemm_packed(1.0f, C_[b].row_block(r0, n), Trans::no, st_.out_proj, 0.0f, st_.out_b.data(), y);
+            linear(C_[b].row_block(r0, n), kOut, 0, E, st_.out_b.data(), y);
             if (!opt_.norm_eps) continue;
             const ConstMatrix x = in_.query[b].row_block(r0, n);
             for (std::size_t i = 0; i < n; ++i) simd::layernorm_row(y.row(i), y.row(i), x.row(i), E, gamma, beta, *opt_.norm_eps);
@@ -331,6 +366,7 @@ void LayerPlan::run() const {
     p.attn_mask = in_.attn_mask;
     p.need_weights = opt_.need_weights;
     p.attn_weights = out_.attn_weights;
+    p.bf16 = bf16_;
     const AttentionCore core(p, layer_core_path(st_, in_, opt_, layout_.cache_keys), layout_.core, scratch_, scratch_ + layout_.slots,
                              layout_.slot_floats, layout_.threads);
     core.run();

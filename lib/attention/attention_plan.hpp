@@ -28,6 +28,7 @@ struct ScratchLayout {
     bool widen_cache = false;
     CoreLayout core;
     std::size_t rope_table = 0;  // within a slot: cos and sin of one projection row block
+    std::size_t linear16 = 0;    // within a slot, bf16 compute: the bf16 GEMM's A pack buffer, or a rounded copy of A
     std::size_t slots = 0, slot_floats = 0, threads = 0;
     std::size_t total_floats = 0;
     std::size_t bytes() const noexcept { return total_floats * sizeof(float); }
@@ -65,6 +66,15 @@ private:
     void widen_cache(const std::size_t* key_lengths) const;
     // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
     void project_output() const;
+    // y = x·Wᵀ + bias over columns [c0, c0 + nc) of weight `w` (kQ, kK, kV: a projection, kQkv: all three,
+    // kOut: the output projection); at most kRowBlock rows. bf16 compute: on the bf16 kernels, or x rounded
+    // into the slot and the fp32 GEMM on the rounded weights.
+    enum Weight { kQ = 0, kK = 1, kV = 2, kQkv = 3, kOut = 4 };
+    void linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const;
+    // Wq, Wk, Wv side by side form one B operand (their segments are whole panels).
+    bool qkv_contiguous() const noexcept;
+    // bf16 compute: Q, K, V (after RoPE) rounded in place.
+    void round_projection(Matrix x) const noexcept;
     // RoPE on the rows of `x` (columns: heads × d) at positions p0, p0 + 1, ...
     void rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const;
     std::size_t start_position(std::size_t b) const noexcept {
@@ -88,6 +98,8 @@ private:
     float* scratch_;
     KVCache* cache_;
     bool few_tokens_;
+    bool bf16_;   // AttentionConfig::compute == bf16
+    bool use16_;  // ... on the bf16 kernels (weights packed in bf16 and the CPU allows them)
 };
 
 }  // namespace mha::detail

@@ -10,6 +10,7 @@
 #include "../core/validate.hpp"
 #include "checks.hpp"
 #include "../reference/reference.hpp"
+#include "../simd/round_bf16.hpp"
 #include "mha/attention.hpp"
 #include "mha/kv_cache.hpp"
 #include "rope.hpp"
@@ -109,11 +110,34 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     s->out_b = w.out_proj_bias ? std::vector<float>(w.out_proj_bias, w.out_proj_bias + E) : std::vector<float>(E, 0.0f);
     if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
-    // One packed copy of each weight, straight from the caller's memory.
+    // One packed copy of each weight, straight from the caller's memory (bf16 compute: of the rounded weights,
+    // plus the bf16 panels when the CPU has AVX512_BF16; the fp32 copy serves a lower ISA cap and the scalar
+    // backend).
     const float* wq = packed ? w.in_proj_weight : w.q_proj_weight;
     const float* wk = packed ? w.in_proj_weight + qw * E : w.k_proj_weight;
     const float* wv = packed ? w.in_proj_weight + (qw + kvw) * E : w.v_proj_weight;
+    const float* wo = w.out_proj_weight;
     s->qkv_packed = kdim == E && vdim == E;
+    std::vector<float> rounded[4];
+    if (cfg.compute == DataType::bf16) {
+        const float* src[4] = {wq, wk, wv, wo};
+        const std::size_t size[4] = {qw * E, kvw * kdim, kvw * vdim, E * qw};
+        for (int i = 0; i < 4; ++i) {
+            rounded[i].assign(src[i], src[i] + size[i]);
+            simd::round_to_bf16_inplace(rounded[i].data(), size[i]);
+        }
+        if (simd::bf16_kernels_available()) {
+            if (s->qkv_packed) {
+                s->in_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
+            } else {
+                s->q_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E)}, Trans::yes);
+                s->k_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wk, kvw, kdim)}, Trans::yes);
+                s->v_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wv, kvw, vdim)}, Trans::yes);
+            }
+            s->out_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wo, E, qw)}, Trans::yes);
+        }
+        wq = rounded[0].data(), wk = rounded[1].data(), wv = rounded[2].data(), wo = rounded[3].data();
+    }
     if (s->qkv_packed) {  // Wq, Wk, Wv as segments of one matrix: self-attention runs one GEMM
         s->in_proj = simd::PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
     } else {
@@ -121,7 +145,7 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
         s->k_proj = simd::PackedMatrix(ConstMatrix(wk, kvw, kdim), Trans::yes);
         s->v_proj = simd::PackedMatrix(ConstMatrix(wv, kvw, vdim), Trans::yes);
     }
-    s->out_proj = simd::PackedMatrix(ConstMatrix(w.out_proj_weight, E, qw), Trans::yes);
+    s->out_proj = simd::PackedMatrix(ConstMatrix(wo, E, qw), Trans::yes);
     state_ = std::move(s);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../reference/reference.hpp"
+#include "../simd/gemm_bf16.hpp"
 #include "../simd/simd.hpp"
 #include "mha/attention.hpp"
 
@@ -25,6 +26,14 @@ struct MultiheadAttention::State {
     simd::PackedMatrix in_proj;        // qkv_packed
     simd::PackedMatrix q_proj, k_proj, v_proj;  // !qkv_packed
     simd::PackedMatrix out_proj;
+    // bf16 compute on a CPU with AVX512_BF16 (at construction): the same weights in bf16 panels, laid out as
+    // the fp32 copies above (which then hold the rounded weights). Empty otherwise.
+    simd::Bf16PackedMatrix in_proj16, q_proj16, k_proj16, v_proj16, out_proj16;
+    bool has_bf16_weights() const noexcept { return !out_proj16.empty(); }
+    simd::Bf16Panels projection16(std::size_t part) const noexcept {
+        if (qkv_packed) return in_proj16.segments(part, 1);
+        return (part == 0 ? q_proj16 : part == 1 ? k_proj16 : v_proj16).all();
+    }
 
     std::size_t q_width() const noexcept { return H * d; }
     std::size_t kv_width() const noexcept { return Hkv * d; }
@@ -52,7 +61,8 @@ struct MultiheadAttention::State {
     };
     Unpacked unpacked() const;
     std::size_t bytes() const noexcept {
-        return in_proj.bytes() + q_proj.bytes() + k_proj.bytes() + v_proj.bytes() + out_proj.bytes() +
+        return in_proj.bytes() + q_proj.bytes() + k_proj.bytes() + v_proj.bytes() + out_proj.bytes() + in_proj16.bytes() +
+               q_proj16.bytes() + k_proj16.bytes() + v_proj16.bytes() + out_proj16.bytes() +
                (in_b.size() + out_b.size() + norm_w.size() + norm_b.size()) * sizeof(float) +
                rope_freq.size() * sizeof(double);
     }

@@ -1,0 +1,99 @@
+// MultiheadAttention::forward on 16-bit activations (HalfAttentionInputs, mha/attention.hpp): the inputs
+// widened exactly into fp32 copies, the fp32 forward (which validates everything else), the output rounded
+// to the inputs' type. The copies are leased from the scratch cache before anything is written.
+#include <cstring>
+#include <string>
+
+#include "../core/scratch.hpp"
+#include "../core/validate.hpp"
+#include "mha/attention.hpp"
+#include "mha/error.hpp"
+
+namespace mha {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw invalid_argument(what); }
+
+float widen(std::uint16_t bits, DataType t) noexcept {
+    return t == DataType::bf16 ? bfloat16::from_bits(bits).to_float() : float16::from_bits(bits).to_float();
+}
+std::uint16_t narrow(float x, DataType t) noexcept {
+    return t == DataType::bf16 ? bfloat16::from_float(x).bits : float16::from_float(x).bits;
+}
+
+// dst [B, L, C] contiguous = the widened src.
+void widen_batch(const BatchView<const std::uint16_t>& src, DataType t, float* dst) {
+    for (std::size_t b = 0; b < src.batch; ++b)
+        for (std::size_t i = 0; i < src.rows; ++i) {
+            const std::uint16_t* row = src[b].row(i);
+            float* out = dst + (b * src.rows + i) * src.cols;
+            for (std::size_t j = 0; j < src.cols; ++j) out[j] = widen(row[j], t);
+        }
+}
+
+bool same_view(const BatchView<const std::uint16_t>& a, const BatchView<const std::uint16_t>& b) {
+    return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride &&
+           a.batch_stride == b.batch_stride;
+}
+
+struct Widened {
+    AttentionInputs in;
+    AttentionOutputs out;
+};
+
+template <class Forward>
+void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out, Forward&& forward) {
+    if (in_arg.type != DataType::bf16 && in_arg.type != DataType::f16)
+        fail("HalfAttentionInputs::type must be bf16 or f16, not " + std::string(data_type_name(in_arg.type)));
+    HalfAttentionInputs in = in_arg;
+    if (in.key.data == nullptr) in.key = in.query;
+    if (in.value.data == nullptr) in.value = in.key;
+    detail::check_batch("query", in.query);
+    detail::check_batch("key", in.key);
+    detail::check_batch("value", in.value);
+    detail::check_batch("output", out.output);
+    detail::check_rows_disjoint("output", out.output);
+    if (detail::overlaps(out.output, in.query) || detail::overlaps(out.output, in.key) || detail::overlaps(out.output, in.value))
+        fail("output overlaps query, key or value");
+    const bool key_is_query = same_view(in.key, in.query), value_is_key = same_view(in.value, in.key);
+    const std::size_t nq = detail::checked_madd(in.query.batch * in.query.rows, in.query.cols, 0, "query", "size");
+    const std::size_t nk = key_is_query ? 0 : detail::checked_madd(in.key.batch * in.key.rows, in.key.cols, 0, "key", "size");
+    const std::size_t nv = value_is_key ? 0 : detail::checked_madd(in.value.batch * in.value.rows, in.value.cols, 0, "value", "size");
+    const std::size_t no = detail::checked_madd(out.output.batch * out.output.rows, out.output.cols, 0, "output", "size");
+    detail::ScratchLease lease((nq + nk + nv + no + 64) * sizeof(float));
+    float* base = static_cast<float*>(lease.data());
+    float *q = base, *k = q + nq, *v = k + nk, *y = v + nv;
+    widen_batch(in.query, in.type, q);
+    if (!key_is_query) widen_batch(in.key, in.type, k);
+    if (!value_is_key) widen_batch(in.value, in.type, v);
+    Widened w;
+    w.in.query = ConstBatch(q, in.query.batch, in.query.rows, in.query.cols);
+    w.in.key = key_is_query ? w.in.query : ConstBatch(k, in.key.batch, in.key.rows, in.key.cols);
+    w.in.value = value_is_key ? w.in.key : ConstBatch(v, in.value.batch, in.value.rows, in.value.cols);
+    if (in_arg.key.data == nullptr) w.in.key = ConstBatch();  // keep "key absent" for the cache overload's checks
+    if (in_arg.value.data == nullptr) w.in.value = ConstBatch();
+    w.in.key_padding_mask = in.key_padding_mask;
+    w.in.attn_mask = in.attn_mask;
+    w.out.output = Batch(y, out.output.batch, out.output.rows, out.output.cols);
+    w.out.attn_weights = out.attn_weights;
+    forward(w.in, w.out);
+    for (std::size_t b = 0; b < out.output.batch; ++b)
+        for (std::size_t i = 0; i < out.output.rows; ++i) {
+            std::uint16_t* row = out.output[b].row(i);
+            const float* src = y + (b * out.output.rows + i) * out.output.cols;
+            for (std::size_t j = 0; j < out.output.cols; ++j) row[j] = narrow(src[j], in.type);
+        }
+}
+
+}  // namespace
+
+void MultiheadAttention::forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& opt) const {
+    run_half(in, out, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt); });
+}
+
+void MultiheadAttention::forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& opt,
+                                 KVCache& cache) const {
+    run_half(in, out, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt, cache); });
+}
+
+}  // namespace mha

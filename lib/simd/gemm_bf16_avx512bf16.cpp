@@ -1,0 +1,178 @@
+// The bf16 GEMM's kernels on AVX512_BF16 (compiled with -mavx512bf16; run only when active_isa() is
+// avx512_bf16): packing fp32 A and B into bf16 pairs (vcvtne2ps2bf16, round to nearest even) and the
+// MR×32 microkernel on vdpbf16ps, which adds two bf16 products per fp32 lane (twice the fp32 FMA's
+// products per instruction). Layout and contract: gemm_bf16.hpp.
+//
+// Loops (BLIS layers as in gemm_impl.hpp, with A packed once per k-block for all its rows):
+//   for each k-block (balanced, even boundaries, at most KC long):
+//     pack A[:, block] into row panels of MR rows (scratch)
+//     for jc in N step NC:  for each row panel:  for each 32-column panel of B in jc's block: microkernel
+// Every C element is summed over the same k-blocks in the same order (one vdpbf16ps per k-pair), whatever
+// the row panel or the caller's split of M.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "gemm_bf16.hpp"
+#include "gemm_microkernel.hpp"
+
+namespace mha::simd {
+namespace {
+
+using u32a = std::uint32_t __attribute__((may_alias));
+
+// 8 rows × 2 vectors = 16 accumulators, as the fp32 kernel (two dot-product ports, latency ~6 cycles).
+constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth, NC = 512;
+
+template <class Arch>
+struct Bf16Gemm {
+    static std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
+
+    // n <= 32 floats at p (nothing past them read) as 16 lanes of bf16 pairs (p[2t], p[2t + 1]); missing ones 0.
+    static inline __attribute__((always_inline)) __m512i pairs(const float* p, std::size_t n) noexcept {
+        const __mmask16 m0 = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+        const __mmask16 m1 = n >= 32 ? __mmask16(0xffff) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : __mmask16(0);
+        const __m512 lo = _mm512_maskz_loadu_ps(m0, p), hi = _mm512_maskz_loadu_ps(m1, p + 16);
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+
+    // Scatters the pairs of one contiguous fp32 run src[0, kc) into dst[q·step] for pair q.
+    static void scatter_pairs(const float* src, std::size_t kc, u32a* dst, std::size_t step) noexcept {
+        alignas(64) std::uint32_t w[16];
+        for (std::size_t k0 = 0; k0 < kc; k0 += 32) {
+            _mm512_store_si512(w, pairs(src + k0, min_size(32, kc - k0)));
+            const std::size_t np = (min_size(32, kc - k0) + 1) / 2;
+            for (std::size_t t = 0; t < np; ++t) dst[(k0 / 2 + t) * step] = w[t];
+        }
+    }
+
+    // A rows [i0, i0 + m) × columns [pc, pc + kc) → dst[q·MR + i] (the pair of row i0 + i at k-pair q).
+    static void pack_a(ConstMatrix a, std::size_t i0, std::size_t m, std::size_t pc, std::size_t kc, u32a* dst) noexcept {
+        for (std::size_t i = 0; i < m; ++i) scatter_pairs(a.data + (i0 + i) * a.stride + pc, kc, dst + i, MR);
+    }
+
+    static void pack_panels(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
+        const bool tr = tb == Trans::yes;
+        const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols, kp = (k + 1) / 2;
+        for (std::size_t p = 0; p * NR < n; ++p) {
+            u32a* panel = reinterpret_cast<u32a*>(dst + p * panel_stride);
+            const std::size_t j0 = p * NR, nj = min_size(NR, n - j0);
+            if (tr) {  // column j of op(B) is row j of b: its k run is contiguous
+                if (nj < NR) std::memset(static_cast<void*>(panel), 0, kp * NR * 4);
+                for (std::size_t j = 0; j < nj; ++j) scatter_pairs(b.data + (j0 + j) * b.stride, k, panel + j, NR);
+                continue;
+            }
+            // Rows 2q and 2q + 1 of op(B), 16 columns at a time: low and high halves of each 32-bit lane.
+            for (std::size_t q = 0; q < kp; ++q) {
+                const float* r0 = b.data + 2 * q * b.stride + j0;
+                const float* r1 = 2 * q + 1 < k ? r0 + b.stride : nullptr;
+                for (std::size_t h = 0; h < NR; h += 16) {
+                    const std::size_t cnt = nj > h ? min_size(16, nj - h) : 0;
+                    const __mmask16 mk = cnt >= 16 ? __mmask16(0xffff) : __mmask16((1u << cnt) - 1);
+                    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r0 + h)));
+                    const __m512i hi = r1 != nullptr
+                                           ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r1 + h)))
+                                           : _mm512_setzero_si512();
+                    _mm512_store_si512(static_cast<void*>(panel + q * NR + h), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+                }
+            }
+        }
+    }
+
+    // One MR×32 (or smaller) tile over kp k-pairs: a[q·MR + i], b[q·64 + ...].
+    template <std::size_t M, std::size_t NV>
+    static void tile(std::size_t kp, const u32a* a, const std::uint16_t* b, const GemmTileOut& out) noexcept {
+        using gemm_detail::unroll;
+        __m512 acc[M][NV];
+        unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_setzero_ps(); }); });
+        for (std::size_t q = 0; q < kp; ++q) {
+            __m512bh bv[NV];
+            unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = (__m512bh)_mm512_load_si512(b + q * 2 * NR + v * 32); });
+            unroll<M>([&](auto i) MHA_GEMM_INLINE {
+                const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[q * MR + i]));
+                unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]); });
+            });
+        }
+        const __m512 alpha = _mm512_set1_ps(out.alpha), beta = _mm512_set1_ps(out.beta);
+        unroll<M>([&](auto i) MHA_GEMM_INLINE {
+            unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+                const std::size_t j = v * 16;
+                if (j >= out.n) return;
+                const __mmask16 mk = out.n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (out.n - j)) - 1);
+                float* c = out.c + i * out.ldc + j;
+                __m512 r = _mm512_mul_ps(acc[i][v], alpha);
+                if (out.beta != 0.0f) r = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c), r);
+                if (out.bias != nullptr) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mk, out.bias + j));
+                _mm512_mask_storeu_ps(c, mk, r);
+            });
+        });
+    }
+
+    using Tile = void (*)(std::size_t, const u32a*, const std::uint16_t*, const GemmTileOut&) noexcept;
+    struct TileRow {
+        Tile t[MR];
+    };
+    template <std::size_t NV, std::size_t... I>
+    static constexpr TileRow tile_row(std::index_sequence<I...>) {
+        return {{&tile<I + 1, NV>...}};
+    }
+    static constexpr TileRow tiles[2] = {tile_row<1>(std::make_index_sequence<MR>{}), tile_row<2>(std::make_index_sequence<MR>{})};
+
+    static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) noexcept {
+        return min_size(k, b * ((k + 1) / 2) / nb * 2);
+    }
+
+    static void gemm(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
+                     std::uint16_t* scratch_buf) noexcept {
+        const std::size_t M = c.rows, N = c.cols, K = a.cols;
+        if (M == 0 || N == 0) return;
+        if (K == 0) {
+            for (std::size_t i = 0; i < M; ++i)
+                for (std::size_t j = 0; j < N; ++j) {
+                    float& cij = c.data[i * c.stride + j];
+                    const float v = beta == 0.0f ? 0.0f : beta * cij;
+                    cij = bias != nullptr ? v + bias[j] : v;
+                }
+            return;
+        }
+        u32a* ap = reinterpret_cast<u32a*>(scratch_buf);
+        const std::size_t np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
+        for (std::size_t kb = 0; kb < nb; ++kb) {
+            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
+            for (std::size_t r = 0; r < np; ++r) {
+                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                pack_a(a, i0, m, pc, kc, ap + r * MR * kp);
+            }
+            const float beta_k = kb == 0 ? beta : 1.0f;
+            const float* bias_k = kb + 1 == nb ? bias : nullptr;
+            for (std::size_t jc = 0; jc < N; jc += NC) {
+                const std::size_t nc = min_size(NC, N - jc);
+                for (std::size_t r = 0; r < np; ++r) {
+                    const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                    for (std::size_t j0 = jc; j0 < jc + nc; j0 += NR) {
+                        const std::size_t n = min_size(NR, jc + nc - j0);
+                        const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k,
+                                              bias_k != nullptr ? bias_k + j0 : nullptr};
+                        const std::uint16_t* bp = b.data + j0 / NR * b.panel_stride + pc * NR;
+                        tiles[n > 16 ? 1 : 0].t[m - 1](kp, ap + r * MR * kp, bp, out);
+                    }
+                }
+            }
+        }
+    }
+};
+
+}  // namespace
+
+void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
+    Bf16Gemm<arch_avx512>::pack_panels(b, tb, dst, panel_stride);
+}
+
+void Bf16Kernels::gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
+                       Matrix c, std::uint16_t* scratch) noexcept {
+    Bf16Gemm<arch_avx512>::gemm(alpha, a, b, beta, bias, c, scratch);
+}
+
+}  // namespace mha::simd
