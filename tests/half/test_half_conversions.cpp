@@ -19,6 +19,7 @@
 #include <random>
 
 #include <mha/half.hpp>
+#include <mha/isa.hpp>
 
 namespace {
 
@@ -33,7 +34,8 @@ __attribute__((target("f16c"))) void f16c_narrow8(const float* x, std::uint16_t*
     _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(_mm256_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-bool has_f16c() { return __builtin_cpu_supports("f16c") != 0; }
+// Isa::avx2 requires F16C (and the OS's AVX state), detected from cpuid by the library.
+bool has_f16c() { return mha::detected_isa() >= mha::Isa::avx2; }
 
 std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
