@@ -4,12 +4,15 @@
 //   accumulate/M/d  per tile: decode_accumulate(p [M, 256], V tile, o [M, d])
 //   decode/M/d      per tile: both, K tile then V tile (a decode step without the softmax in between)
 // One iteration walks every tile of the cache once (rows contiguous, row stride d). M in {1, 4, 8, 16,
-// 32, 64, 128}, d in {64, 128}.
-// Counters: GB/s = bytes of K (scores), V (accumulate) or K + V (decode) read ÷ time, to compare with
+// 32, 64, 128}, d in {64, 128}, and the cache's element type: type 0 f32, 1 bf16, 2 f16 (a KV cache of that
+// type: 16-bit K and V widened in registers; the same rows, half the bytes). At the default size, M = 4 and
+// d = 128 is the attention core of one decode step of Llama-3-8B-like shapes (H = 32, Hkv = 8, 32768 keys).
+// Counters: GB/s = bytes of K (scores), V (accumulate) or K + V (decode) read ÷ time (at the element size), to compare with
 // the machine's read bandwidth (e.g. /tmp/mha-anchors/read_bw 32 1 20, run in the same sitting);
 // GFLOPS = 2·M·256·d per kernel per tile ÷ time (what matters at M = 32..128).
 // Flags (ours, removed before benchmark::Initialize): --cache_mb=X  megabytes of K and of V each
-// (default 128; the rows per tensor are X·2^20 / (4·d), rounded down to whole tiles, at least one group;
+// (default 128, in f32; the rows per tensor are X·2^20 / (4·d), rounded down to whole tiles, at least one group,
+// the same rows for every element type;
 // a small X such as 0.25 keeps the cache in L2 and measures the kernels' compute alone); --huge_pages
 // asks for 2 MB pages for the cache (madvise; the hardware prefetchers stop at page boundaries);
 // --group=G runs the scores of G consecutive K tiles, then the accumulation of their G V tiles (default
@@ -28,6 +31,8 @@
 #include <new>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <mha/mha.hpp>
 
@@ -45,9 +50,10 @@ enum class Op { scores, accumulate, decode };
 // 64-byte aligned floats (a KV cache's rows start on cache lines; a misaligned vector load that splits
 // two lines costs the kernels a second L1 access).
 struct AlignedFree {
-    void operator()(float* p) const noexcept { std::free(p); }
+    void operator()(void* p) const noexcept { std::free(p); }
 };
 using Floats = std::unique_ptr<float[], AlignedFree>;
+using Halves = std::unique_ptr<std::uint16_t[], AlignedFree>;
 
 Floats random_floats(std::size_t n, float lo, float hi, unsigned seed, bool huge = false) {
     const std::size_t align = huge ? std::size_t(2) << 20 : 64;
@@ -61,12 +67,15 @@ Floats random_floats(std::size_t n, float lo, float hi, unsigned seed, bool huge
     return v;
 }
 
-// K and V of one head, [rows, d] each, shared by the benchmarks of one d (allocated once: 2·cache_mb).
+// K and V of one head, [rows, d] each, shared by the benchmarks of one d (allocated once: 2·cache_mb), and
+// their bf16 / f16 roundings for the benchmarks of that type (made when first asked for).
 struct Cache {
     std::size_t d = 0, rows = 0;
     Floats k, v;
+    mha::DataType half_type = mha::DataType::f32;
+    Halves k16, v16;  // half_type's bits
 };
-Cache& cache_for(std::size_t d) {
+Cache& cache_for(std::size_t d, mha::DataType type) {
     static Cache c64, c128, other;
     Cache& c = d == 64 ? c64 : d == 128 ? c128 : other;
     if (c.d != d) {
@@ -75,15 +84,33 @@ Cache& cache_for(std::size_t d) {
         c.rows = std::max(c.rows, g_group * kTile);  // at least one group of tiles
         c.k.reset();  // at most one cache of each d at a time
         c.v.reset();
+        c.k16.reset();
+        c.v16.reset();
+        c.half_type = mha::DataType::f32;
         c.k = random_floats(c.rows * d, -1.0f, 1.0f, 1, g_huge_pages);
         c.v = random_floats(c.rows * d, -1.0f, 1.0f, 2, g_huge_pages);
+    }
+    if (type != mha::DataType::f32 && c.half_type != type) {
+        const std::size_t n = c.rows * d, align = g_huge_pages ? std::size_t(2) << 20 : 64;
+        const std::size_t bytes = (n * 2 + align - 1) / align * align;
+        for (auto [dst, src] : {std::pair{&c.k16, c.k.get()}, std::pair{&c.v16, c.v.get()}}) {
+            dst->reset();
+            auto* h = static_cast<std::uint16_t*>(std::aligned_alloc(align, bytes));
+            if (h == nullptr) throw std::bad_alloc();
+            if (g_huge_pages) madvise(h, bytes, MADV_HUGEPAGE);
+            for (std::size_t i = 0; i < n; ++i)
+                h[i] = type == mha::DataType::bf16 ? mha::bfloat16::from_float(src[i]).bits : mha::float16::from_float(src[i]).bits;
+            dst->reset(h);
+        }
+        c.half_type = type;
     }
     return c;
 }
 
 void run(benchmark::State& state, Op op) {
     const auto M = static_cast<std::size_t>(state.range(0)), d = static_cast<std::size_t>(state.range(1));
-    Cache& c = cache_for(d);
+    const auto type = static_cast<mha::DataType>(state.range(2));
+    Cache& c = cache_for(d, type);
     const Floats q = random_floats(M * d, -1.0f, 1.0f, 3);
     // Probabilities of g_group tiles (uniform-ish, summing to about 1 per row); decode overwrites them.
     const Floats p = random_floats(g_group * M * kTile, 0.0f, 2.0f / float(kTile), 4);
@@ -94,34 +121,45 @@ void run(benchmark::State& state, Op op) {
     const mha::Matrix ov(o.get(), M, d);
     const std::size_t tiles = c.rows / kTile / g_group * g_group;
     auto p_of = [&](std::size_t t) { return mha::Matrix(p.get() + t % g_group * M * kTile, M, kTile); };
-    for (auto _ : state) {
+    // One pass over the cache with K and V of element type E.
+    auto pass = [&](const auto* k, const auto* v) {
+        using E = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
         // Tiles in groups of g_group: the scores of the group's K tiles, then its V tiles.
         for (std::size_t t0 = 0; t0 < tiles; t0 += g_group) {
             if (op != Op::accumulate)
                 for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_scores(scale, qv, mha::ConstMatrix(c.k.get() + t * kTile * d, kTile, d), p_of(t));
+                    mha::simd::decode_scores(scale, qv, mha::MatrixView<const E>(k + t * kTile * d, kTile, d), p_of(t));
             if (op != Op::scores)
                 for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_accumulate(p_of(t), mha::ConstMatrix(c.v.get() + t * kTile * d, kTile, d), ov);
+                    mha::simd::decode_accumulate(p_of(t), mha::MatrixView<const E>(v + t * kTile * d, kTile, d), ov);
         }
+    };
+    for (auto _ : state) {
+        if (type == mha::DataType::bf16)
+            pass(reinterpret_cast<const mha::bfloat16*>(c.k16.get()), reinterpret_cast<const mha::bfloat16*>(c.v16.get()));
+        else if (type == mha::DataType::f16)
+            pass(reinterpret_cast<const mha::float16*>(c.k16.get()), reinterpret_cast<const mha::float16*>(c.v16.get()));
+        else
+            pass(static_cast<const float*>(c.k.get()), static_cast<const float*>(c.v.get()));
         benchmark::DoNotOptimize(p.get());
         benchmark::DoNotOptimize(o.get());
         benchmark::ClobberMemory();
     }
     const double rows = double(tiles * kTile), tensors = op == Op::decode ? 2.0 : 1.0;
-    const double bytes = tensors * rows * double(d) * sizeof(float);
+    const double bytes = tensors * rows * double(d) * double(mha::data_type_bytes(type));
     const double flops = tensors * 2.0 * double(M) * rows * double(d);
     const double it = double(state.iterations());
     state.counters["GB"] = benchmark::Counter(bytes * it / 1e9, benchmark::Counter::kIsRate);
     state.counters["GFLOPS"] = benchmark::Counter(flops * it / 1e9, benchmark::Counter::kIsRate);
     state.counters["cache_rows"] = rows;
-    state.SetLabel(std::string(mha::isa_name(mha::active_isa())));
+    state.SetLabel(std::string(mha::isa_name(mha::active_isa())) + " " + std::string(mha::data_type_name(type)));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-    for (std::int64_t d : {64, 128})
-        for (std::int64_t M : {1, 4, 8, 16, 32, 64, 128}) b->Args({M, d});
-    b->ArgNames({"M", "d"});
+    for (std::int64_t type : {0, 1, 2})
+        for (std::int64_t d : {64, 128})
+            for (std::int64_t M : {1, 4, 8, 16, 32, 64, 128}) b->Args({M, d, type});
+    b->ArgNames({"M", "d", "type"});
     b->Unit(benchmark::kMillisecond);
 }
 

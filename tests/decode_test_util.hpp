@@ -22,6 +22,13 @@
 //                ((g(E) + 3)/2 + 2)·u relative, the fmas by 2u:  |γ_j|·((g(E)/2 + 6)·u·|ŷ_j| + (g(E) + 2)·u) + u·|y_j|
 //                (the scalar reference normalizes in double and rounds once: within this).
 // The new tokens' K and V rows (what the call appends to the cache) come back with their bounds too.
+// A bf16 / f16 cache (KVRounding): the cached rows are read widened (exact, bound 0); each new K and V element
+// is rounded to the element type when appended, which adds u_h·|x| + a to its bound (u_h = 2^-8 bf16, 2^-11
+// f16, the unit roundoff of round to nearest; a = 2^-25 for f16's subnormal range, 0 for bf16). With
+// cached_rows set, the cached rows get that term too: the bound of a half cache's result against an f32
+// cache holding the unrounded rows. With `appended` (the cache after the call), the new rows are instead the
+// ones that call stored, exact (bound 0): the check that attention used the rounded rows it stored, old and
+// new, without charging the new rows' rounding.
 // A one-shot causal self-attention over L tokens is the same evaluation with an empty cache and Lq = L
 // (bottom-right equals top-left when Lq = Lk), and its bound also bounds an incremental computation of
 // the same tokens: each cached row there is the same float projection and rotation of its token.
@@ -138,6 +145,16 @@ inline void rope_rows(HeadsD& x, const mha::RopeConfig& rc, std::size_t start) {
             }
 }
 
+struct KVRounding {
+    double rel = 0.0, abs = 0.0;
+    bool cached_rows = false;
+    static KVRounding of(mha::DataType t, bool cached = false) {
+        if (t == mha::DataType::bf16) return {0x1p-8, 0.0, cached};
+        if (t == mha::DataType::f16) return {0x1p-11, 0x1p-25, cached};
+        return {0.0, 0.0, cached};
+    }
+};
+
 struct StepExpected {
     std::size_t B = 0, Lq = 0, E = 0;
     std::vector<double> out, out_err;  // [B, Lq, E]
@@ -146,7 +163,8 @@ struct StepExpected {
 
 // One forward with a cache in double (see the top of this file): x [B, Lq, E] contiguous, the cache as it
 // is before the call (nullptr: empty, every length 0).
-inline StepExpected step_double(const LayerRef& L, const float* x, std::size_t B, std::size_t Lq, const mha::KVCache* cache) {
+inline StepExpected step_double(const LayerRef& L, const float* x, std::size_t B, std::size_t Lq, const mha::KVCache* cache,
+                                KVRounding rounding = {}, const mha::KVCache* appended = nullptr) {
     const std::size_t E = L.E, H = L.H, Hkv = L.Hkv, d = L.d, Hd = H * d;
     StepExpected ex;
     ex.B = B, ex.Lq = Lq, ex.E = E;
@@ -165,18 +183,36 @@ inline StepExpected step_double(const LayerRef& L, const float* x, std::size_t B
         HeadsD K(1, Hkv, n + Lq, d), V(1, Hkv, n + Lq, d);
         for (std::size_t h = 0; h < Hkv; ++h) {
             if (n > 0) {
-                const mha::ConstMatrix ck = cache->keys(b, h), cv = cache->values(b, h);
+                std::vector<float> ck(n * d), cv(n * d);  // any element type, widened exactly
+                cache->copy_keys(b, h, mha::Matrix(ck.data(), n, d));
+                cache->copy_values(b, h, mha::Matrix(cv.data(), n, d));
                 for (std::size_t j = 0; j < n; ++j)
-                    for (std::size_t c = 0; c < d; ++c) K.val[K.at(0, h, j, c)] = ck(j, c), V.val[V.at(0, h, j, c)] = cv(j, c);
+                    for (std::size_t c = 0; c < d; ++c) {
+                        const std::size_t at = K.at(0, h, j, c);
+                        K.val[at] = ck[j * d + c], V.val[at] = cv[j * d + c];
+                        if (rounding.cached_rows)
+                            K.err[at] = rounding.rel * std::abs(K.val[at]) + rounding.abs,
+                            V.err[at] = rounding.rel * std::abs(V.val[at]) + rounding.abs;
+                    }
             }
             for (std::size_t i = 0; i < Lq; ++i)
                 for (std::size_t c = 0; c < d; ++c) {
                     const std::size_t to = K.at(0, h, n + i, c), from = k.at(0, h, i, c), mine = ex.k.at(b, h, i, c);
-                    K.val[to] = k.val[from], K.err[to] = k.err[from];
-                    V.val[to] = v.val[from], V.err[to] = v.err[from];
-                    ex.k.val[mine] = k.val[from], ex.k.err[mine] = k.err[from];
-                    ex.v.val[mine] = v.val[from], ex.v.err[mine] = v.err[from];
+                    K.val[to] = k.val[from], K.err[to] = k.err[from] + rounding.rel * std::abs(k.val[from]) + rounding.abs;
+                    V.val[to] = v.val[from], V.err[to] = v.err[from] + rounding.rel * std::abs(v.val[from]) + rounding.abs;
+                    ex.k.val[mine] = k.val[from], ex.k.err[mine] = K.err[to];
+                    ex.v.val[mine] = v.val[from], ex.v.err[mine] = V.err[to];
                 }
+            if (appended != nullptr) {
+                std::vector<float> ak((n + Lq) * d), av(ak.size());
+                appended->copy_keys(b, h, mha::Matrix(ak.data(), n + Lq, d));
+                appended->copy_values(b, h, mha::Matrix(av.data(), n + Lq, d));
+                for (std::size_t i = 0; i < Lq; ++i)
+                    for (std::size_t c = 0; c < d; ++c) {
+                        const std::size_t to = K.at(0, h, n + i, c);
+                        K.val[to] = ak[(n + i) * d + c], V.val[to] = av[(n + i) * d + c], K.err[to] = V.err[to] = 0.0;
+                    }
+            }
         }
         mha_test::CoreSpec spec;
         spec.scale = double(1.0f / std::sqrt(static_cast<float>(d)));  // the float the library uses
@@ -266,11 +302,18 @@ struct CacheSnapshot {
 };
 
 // A cache whose whole storage holds `fill` (so that snapshots compare defined values), every length 0.
-inline mha::KVCache filled_cache(std::size_t B, std::size_t Hkv, std::size_t d, std::size_t capacity, float fill = 0.0f) {
-    mha::KVCache c(B, Hkv, d, capacity);
+inline mha::KVCache filled_cache(std::size_t B, std::size_t Hkv, std::size_t d, std::size_t capacity, float fill = 0.0f,
+                                 mha::DataType type = mha::DataType::f32) {
+    mha::KVCache c(B, Hkv, d, capacity, type);
     const std::size_t n = B * Hkv * capacity * d;
-    std::fill(c.key_data(), c.key_data() + n, fill);
-    std::fill(c.value_data(), c.value_data() + n, fill);
+    if (type == mha::DataType::f32) {
+        std::fill(c.key_data(), c.key_data() + n, fill);
+        std::fill(c.value_data(), c.value_data() + n, fill);
+    } else {
+        const std::uint16_t h = type == mha::DataType::bf16 ? mha::bfloat16::from_float(fill).bits : mha::float16::from_float(fill).bits;
+        std::fill_n(static_cast<std::uint16_t*>(c.key_storage()), n, h);
+        std::fill_n(static_cast<std::uint16_t*>(c.value_storage()), n, h);
+    }
     return c;
 }
 

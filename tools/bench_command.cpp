@@ -280,7 +280,7 @@ void bench_command(const BenchOptions& opt) {
             std::vector<float> output(query.size());
             const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
             // The cached tokens: random K and V, Lk rows per (sequence, KV head), appended sequence by sequence.
-            KVCache cache(B, Hkv, d, capacity);
+            KVCache cache(B, Hkv, d, capacity, opt.kv_type);
             {
                 const std::vector<float> k = random_values(count_of("the cached keys", {Hkv, Lk, d}), 1.0f, rng);
                 const std::vector<float> v = random_values(count_of("the cached values", {Hkv, Lk, d}), 1.0f, rng);
@@ -303,7 +303,7 @@ void bench_command(const BenchOptions& opt) {
             const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
             flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * lq * (lk + lq) * hd;
             const double weight_bytes = double(attention.weight_bytes());
-            const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, sizeof(float)});
+            const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, data_type_bytes(opt.kv_type)});
             bytes = weight_bytes + double(cache_bytes);
             j["impl"] = impl_name(opt.impl);
             j["batch"] = B, j["kv_seq"] = Lk, j["seq"] = Lq, j["embed"] = E, j["heads"] = H;
@@ -311,10 +311,11 @@ void bench_command(const BenchOptions& opt) {
             j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);
             j["weight_bytes"] = attention.weight_bytes();
             j["cache_bytes"] = cache_bytes;
+            j["kv_type"] = std::string(data_type_name(opt.kv_type));
             shape = "batch=" + std::to_string(B) + " kv_seq=" + std::to_string(Lk) + " seq=" + std::to_string(Lq) +
                     " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
                     " head_dim=" + std::to_string(d) + (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") +
-                    " impl=" + impl_name(opt.impl);
+                    " impl=" + impl_name(opt.impl) + " kv_type=" + std::string(data_type_name(opt.kv_type));
             break;
         }
         case BenchOp::gemm: {

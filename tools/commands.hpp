@@ -41,6 +41,9 @@ struct RunOptions {
     // --chunk N: feed the query through a KV cache N tokens at a time (causal). Set, or past_key.npy /
     // past_value.npy in the folder: the KV cache path, which also writes present_key.npy / present_value.npy.
     std::optional<std::size_t> chunk;
+    // --kv-type: the KV cache's element type (absent: f32); only with the KV cache path. Past and new K / V
+    // are rounded into it, and present_key.npy / present_value.npy hold the cached (rounded) values as float32.
+    std::optional<DataType> kv_type;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
@@ -76,6 +79,7 @@ struct BenchOptions {
     std::optional<std::size_t> head_dim;  // default: attention embed / heads; sdpa 64
     std::optional<std::size_t> kdim, vdim;     // attention: key / value features, default embed
     std::optional<float> rope_theta;           // attention, decode: rotary embeddings (half style, all dims)
+    DataType kv_type = DataType::f32;          // decode: the KV cache's element type (--kv-type)
     bool causal = false;
     Impl impl = Impl::automatic;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ

@@ -40,6 +40,8 @@ const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
                                               {"softmax", BenchOp::softmax},
                                               {"layernorm", BenchOp::layernorm}};
 const std::map<std::string, mha::DataType> dtype_names{{"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}};
+const std::map<std::string, mha::DataType> kv_type_names{
+    {"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}, {"f16", mha::DataType::f16}};
 const std::map<std::string, mha::RopeStyle> rope_style_names{{"half", mha::RopeStyle::half},
                                                              {"interleaved", mha::RopeStyle::interleaved}};
 
@@ -124,6 +126,12 @@ int main(int argc, char** argv) {
                         "Feed the query through a KV cache N tokens per call (causal; self-attention; continues "
                         "past_key.npy / past_value.npy when present); also writes present_key.npy and present_value.npy")
             ->check(positive);
+    std::string run_kv_type;
+    CLI::Option* run_kv_type_opt =
+        run->add_option("--kv-type", run_kv_type,
+                        "KV cache element type: f32 (default), bf16 or f16 (KV cache path only: past_key.npy or --chunk); "
+                        "K and V are rounded into it and present_*.npy hold the rounded values as float32")
+            ->check(CLI::IsMember(kv_type_names));
     run->add_option("--out", run_opts.out,
                     "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
                     "beside it");
@@ -216,6 +224,11 @@ int main(int argc, char** argv) {
                                                  "Threads (attention, sdpa: 0 = all cores, the default; the kernels are "
                                                  "single-threaded and accept only 1)")
                                    ->check(thread_count);
+    std::string bench_kv_type = "f32";
+    only_for(bench->add_option("--kv-type", bench_kv_type,
+                               "decode: KV cache element type f32 (default), bf16 or f16 (gbps counts the cache at its size)")
+                 ->check(CLI::IsMember(kv_type_names)),
+             {BenchOp::decode});
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
@@ -249,6 +262,7 @@ int main(int argc, char** argv) {
             if (rope_dims_opt->count() > 0) run_opts.rope_dims = rope_dims;
             if (position_offset_opt->count() > 0) run_opts.position_offset = position_offset;
             if (chunk_opt->count() > 0) run_opts.chunk = chunk;
+            if (run_kv_type_opt->count() > 0) run_opts.kv_type = kv_type_names.at(run_kv_type);
             if (run_bottom_right) {
                 run_opts.causal = true;
                 run_opts.causal_alignment = mha::CausalAlignment::bottom_right;
@@ -268,6 +282,7 @@ int main(int argc, char** argv) {
             bench_opts.backend = backend_names.at(bench_backend);
             bench_opts.impl = impl_names.at(bench_impl);
             bench_opts.dtype = dtype_names.at(bench_dtype);
+            bench_opts.kv_type = kv_type_names.at(bench_kv_type);
             for (const auto& [opt, ops] : op_specific) {
                 if (opt->count() == 0) continue;
                 if (std::find(ops.begin(), ops.end(), bench_opts.op) == ops.end())

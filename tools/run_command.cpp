@@ -29,6 +29,9 @@
 //     [B, Hkv, Lp + Lq, d] beside it: sequence b's first past_lengths[b] + Lq rows are its cache rows, the
 //     rest zeros. Self-attention only (no key.npy / value.npy), no masks, no --need-weights, no
 //     --position-offset, no --causal-bottom-right (--causal may be given: it is what happens anyway).
+//     --kv-type f32|bf16|f16 (only on this path; default f32): the cache's element type. Past and new K and V
+//     are rounded into it (round to nearest even), attention uses the rounded values, and present_*.npy
+//     (float32) hold them.
 //   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
 //   --bf16-raw: every float input and weight file (query, key, value, the projection weights and biases,
 //   norm.*, past_key / past_value) must be a uint16 array of bfloat16 bit patterns, widened exactly to float;
@@ -162,6 +165,8 @@ void run_command(const RunOptions& opt) {
         if (opt.position_offset)
             fail("--position-offset does not apply with " + why + ": the new tokens' rotary positions continue each sequence" +
                  (has_past ? " (past_lengths[b] + i)" : " (0, 1, ...)"));
+    } else if (opt.kv_type) {
+        fail("--kv-type applies only to the KV cache path (past_key.npy / past_value.npy in the folder, or --chunk)");
     }
 
     // key [B, Lk, kdim], value [B, Lk, vdim]; the packed projections need kdim = vdim = E.
@@ -391,7 +396,7 @@ void run_command(const RunOptions& opt) {
         attention.forward(inputs, outputs, fo);
     } else {
         // The past in a cache of capacity Lp + Lq, then the query in calls of --chunk tokens (one call without).
-        KVCache cache(B, Hkv, d, capacity);
+        KVCache cache(B, Hkv, d, capacity, opt.kv_type.value_or(DataType::f32));
         const std::size_t past_head = Lp * d, past_batch = Hkv * past_head;  // strides in past_*.npy
         for (std::size_t b = 0; b < B; ++b) {
             const std::size_t off = b * past_batch;
@@ -413,20 +418,16 @@ void run_command(const RunOptions& opt) {
             attention.forward(chunk_in, chunk_out, fo, cache);
             start += n;
         } while (start < Lq);
-        // present_*: [B, Hkv, Lp + Lq, d], each sequence's cache rows, then zeros.
+        // present_*: [B, Hkv, Lp + Lq, d], each sequence's cache rows (widened to float32), then zeros.
         const std::size_t count = checked_mul(checked_mul(checked_mul(B, Hkv, "B·Hkv"), capacity, "present_key.npy's rows"), d,
                                             "present_key.npy's size");
         present_k.assign(count, 0.0f);
         present_v.assign(count, 0.0f);
         for (std::size_t b = 0; b < B; ++b)
             for (std::size_t h = 0; h < Hkv; ++h) {
-                const ConstMatrix k = cache.keys(b, h), v = cache.values(b, h);
-                float* pk = present_k.data() + (b * Hkv + h) * capacity * d;
-                float* pv = present_v.data() + (b * Hkv + h) * capacity * d;
-                for (std::size_t i = 0; i < k.rows; ++i) {
-                    std::copy(k.row(i), k.row(i) + d, pk + i * d);
-                    std::copy(v.row(i), v.row(i) + d, pv + i * d);
-                }
+                const std::size_t n = cache.length(b);
+                cache.copy_keys(b, h, Matrix(present_k.data() + (b * Hkv + h) * capacity * d, n, d));
+                cache.copy_values(b, h, Matrix(present_v.data() + (b * Hkv + h) * capacity * d, n, d));
             }
     }
 

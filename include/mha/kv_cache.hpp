@@ -2,9 +2,13 @@
 // sequences, Hkv heads of head dim d, up to `capacity` tokens each. Each sequence has its own length
 // (a ragged batch: requests of different lengths decode together).
 //
-// Layout (what the decode kernel reads): keys and values are two arrays [B, Hkv, capacity, d], row-major
-// and contiguous, 64-byte aligned: the cached rows of one (sequence, KV head) are consecutive, so a decode
-// step streams them in order. Rows at or past a sequence's length hold stale data and are never read.
+// Element type (DataType, mha/half.hpp): f32 (default), bf16 or f16. K and V are stored in it; append and the
+// forward round the fp32 rows they are given to it (round to nearest, ties to even), and attention then uses
+// the stored (rounded) values for every key, old and new. A decode step reads half the bytes with bf16 / f16.
+//
+// Layout (what the decode kernel reads): keys and values are two arrays [B, Hkv, capacity, d] of the element
+// type, row-major and contiguous, 64-byte aligned: the cached rows of one (sequence, KV head) are
+// consecutive, so a decode step streams them in order. Rows at or past a sequence's length hold stale data and are never read.
 // Appending n tokens writes n rows per head: O(new tokens).
 //
 // MultiheadAttention::forward with a cache (mha/attention.hpp) projects only the new tokens, rotates them at
@@ -14,6 +18,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "mha/half.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 
@@ -22,9 +27,10 @@ namespace mha {
 class KVCache {
 public:
     KVCache() noexcept = default;  // empty: batch 0
-    // Allocates 2·B·Hkv·capacity·d floats (std::bad_alloc may propagate); every length 0. Throws
-    // mha::invalid_argument if a dimension is 0 or the size overflows.
-    KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity);
+    // Allocates 2·B·Hkv·capacity·d elements of `element` (std::bad_alloc may propagate); every length 0.
+    // Throws mha::invalid_argument if a dimension is 0, the size overflows or `element` is not a DataType.
+    KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity,
+            DataType element = DataType::f32);
     ~KVCache();
     KVCache(KVCache&& other) noexcept;
     KVCache& operator=(KVCache&& other) noexcept;
@@ -35,7 +41,9 @@ public:
     std::size_t kv_heads() const noexcept { return kv_heads_; }
     std::size_t head_dim() const noexcept { return head_dim_; }
     std::size_t capacity() const noexcept { return capacity_; }
-    std::size_t bytes() const noexcept { return 2 * batch_ * kv_heads_ * capacity_ * head_dim_ * sizeof(float); }
+    DataType element_type() const noexcept { return element_; }
+    // K and V storage: 2·B·Hkv·capacity·d elements of data_type_bytes(element_type()) bytes.
+    std::size_t bytes() const noexcept { return 2 * batch_ * kv_heads_ * capacity_ * head_dim_ * data_type_bytes(element_); }
 
     // Tokens cached for sequence b (mha::invalid_argument if b >= batch()).
     std::size_t length(std::size_t b) const;
@@ -45,29 +53,58 @@ public:
     // Keep the first n tokens of sequence b (n <= length(b)): rejects a speculative draft.
     void truncate(std::size_t b, std::size_t n);
 
+    // fp32 views, for f32 caches only: they throw mha::invalid_argument on a bf16 / f16 cache (whose 16-bit
+    // data must not be read as floats; use the element-typed views or copy_keys / copy_values below).
     // The cached K / V of all sequences [B, Hkv, capacity, d] (rows >= length(b) are stale).
-    ConstHeads keys() const noexcept { return {keys_, batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_}; }
-    ConstHeads values() const noexcept { return {values_, batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_}; }
+    ConstHeads keys() const;
+    ConstHeads values() const;
     // Sequence b's first length(b) K / V rows of KV head h, [length(b), d].
     ConstMatrix keys(std::size_t b, std::size_t h) const;
     ConstMatrix values(std::size_t b, std::size_t h) const;
 
+    // Any element type: the raw storage of K / V, [B, Hkv, capacity, d] elements of element_type(), row-major.
+    const void* key_storage() const noexcept { return keys_; }
+    const void* value_storage() const noexcept { return values_; }
+    // Element-typed views: T is float, bfloat16 or float16 and must match element_type() (else
+    // mha::invalid_argument).
+    template <class T>
+    HeadsView<const T> keys_as() const { return typed<T>(keys_); }
+    template <class T>
+    HeadsView<const T> values_as() const { return typed<T>(values_); }
+    // Sequence b's first length(b) K / V rows of KV head h widened to float (exactly) into dst, which must be
+    // [length(b), d] with stride >= d (mha::invalid_argument otherwise, nothing written). Any element type.
+    void copy_keys(std::size_t b, std::size_t h, Matrix dst) const;
+    void copy_values(std::size_t b, std::size_t h, Matrix dst) const;
+
     // Writes n = k.rows tokens of already projected and rotated K and V ([1, Hkv, n, d] each: k.batch and
     // v.batch must be 1) after sequence b's length(b) tokens and advances its length (Hugging Face's
-    // past_key_values, loaded into a cache). mha::invalid_argument past the capacity, nothing written.
+    // past_key_values, loaded into a cache), rounded to the element type (RNE). mha::invalid_argument past the
+    // capacity, nothing written.
     void append(std::size_t b, const ConstHeads& k, const ConstHeads& v);
 
-    // Internal (the forward that appends): mutable rows, and the length set after a successful append.
-    float* key_data() noexcept { return keys_; }
-    float* value_data() noexcept { return values_; }
+    // Internal (the forward that appends): mutable storage, and the length set after a successful append.
+    // key_data / value_data are the fp32 rows of an f32 cache (mha::invalid_argument otherwise).
+    float* key_data();
+    float* value_data();
+    void* key_storage() noexcept { return keys_; }
+    void* value_storage() noexcept { return values_; }
     void set_length(std::size_t b, std::size_t n) noexcept { lengths_[b] = n; }
 
 private:
     std::size_t head_stride() const noexcept { return capacity_ * head_dim_; }
     void check_sequence(std::size_t b) const;
+    void check_element(DataType t, const char* what) const;
+    void copy_rows(const void* base, std::size_t b, std::size_t h, Matrix dst, const char* what) const;
+    template <class T>
+    HeadsView<const T> typed(const void* base) const {
+        check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
+                      "keys_as / values_as");
+        return {static_cast<const T*>(base), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
+    }
     std::size_t batch_ = 0, kv_heads_ = 0, head_dim_ = 0, capacity_ = 0;
-    float* keys_ = nullptr;
-    float* values_ = nullptr;
+    DataType element_ = DataType::f32;
+    void* keys_ = nullptr;
+    void* values_ = nullptr;
     std::vector<std::size_t> lengths_;
 };
 

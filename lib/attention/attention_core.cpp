@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <emmintrin.h>
 
@@ -53,6 +54,15 @@ bool any_nonfinite(const float* x, std::size_t n) {
     }
     bool bad = (_mm_movemask_ps(_mm_castsi128_ps(acc)) != 0);
     for (; j < n; ++j) bad |= !std::isfinite(x[j]);
+    return bad;
+}
+
+// Any of the 16-bit elements x[0, n) is NaN or ±inf: its exponent field (bf16 0x7f80, f16 0x7c00) is all ones.
+template <class E>
+bool any_nonfinite(const E* x, std::size_t n) {
+    constexpr std::uint16_t exponent = std::is_same_v<E, bfloat16> ? 0x7f80 : 0x7c00;
+    bool bad = false;
+    for (std::size_t j = 0; j < n; ++j) bad |= (x[j].bits & exponent) == exponent;
     return bad;
 }
 
@@ -240,14 +250,33 @@ bool AttentionCore::key_masked(std::size_t b, std::size_t h, std::size_t i, std:
     return j >= visible_keys(b, i) || key_padding_row(b).masked(j) || attn_mask_row(b, h, i).masked(j);
 }
 
+template <class E>
+MatrixView<const E> AttentionCore::kv_rows(bool values, std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n) const noexcept {
+    const ConstHeads& g = values ? p_.v : p_.k;
+    if constexpr (std::is_same_v<E, float>) {
+        return g.head(b, kvh).row_block(j0, n);
+    } else {
+        const E* base = static_cast<const E*>(values ? p_.v_elements : p_.k_elements);
+        return {base + b * g.batch_stride + kvh * g.head_stride + j0 * g.row_stride, n, g.dim, g.row_stride};
+    }
+}
+
+float AttentionCore::value_at(std::size_t b, std::size_t kvh, std::size_t j, std::size_t c) const noexcept {
+    switch (p_.kv_type) {
+        case DataType::bf16: return kv_rows<bfloat16>(true, b, kvh, j, 1)(0, c).to_float();
+        case DataType::f16: return kv_rows<float16>(true, b, kvh, j, 1)(0, c).to_float();
+        case DataType::f32: break;
+    }
+    return p_.v.head(b, kvh)(j, c);
+}
+
 void AttentionCore::accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
                                         Matrix o) const noexcept {
-    const ConstMatrix v = p_.v.head(b, h / G_);
     for (std::size_t r = 0; r < probs.rows; ++r)
         for (std::size_t j = 0; j < probs.cols; ++j) {
             if (key_masked(b, h, i0 + r, j0 + j)) continue;
             const float pj = probs(r, j);
-            for (std::size_t col = 0; col < d_; ++col) o(r, col) += pj * v(j0 + j, col);
+            for (std::size_t col = 0; col < d_; ++col) o(r, col) += pj * value_at(b, h / G_, j0 + j, col);
         }
 }
 
@@ -324,28 +353,11 @@ void AttentionCore::decode_task(std::size_t b, std::size_t kvh, std::size_t spli
     if (j0 < j_end) {
         const std::size_t n = j_end - j0;
         stack_queries(b, kvh, 0, Lq_, q);
-        const ConstMatrix k = p_.k.head(b, kvh).row_block(j0, n), v = p_.v.head(b, kvh).row_block(j0, n);
-        // All the split's scores first, then all its values: one stream at a time (switching between the K
-        // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
         const Matrix st(s.scores, m, n, kDecodeSplit);
-        simd::decode_scores(p_.scale, ConstMatrix(q), k, st);
-        for (std::size_t row = 0; row < m; ++row) {
-            const std::size_t t = row / Lq_, i = row % Lq_;
-            const std::size_t vis = visible_keys(b, i), valid = vis > j0 ? std::min(n, vis - j0) : 0;
-            row_sum[row] = simd::softmax_tile_online(st.row(row), n, valid, 1.0f, padding.from(j0),
-                                                     attn_mask_row(b, kvh * G_ + t, i).from(j0), row_max[row]);
-        }
-        // A key of this split is masked for some row (the causal edge of the first query, or a mask): a NaN or
-        // ±inf value row must then not reach the output through 0·v.
-        const bool masked_here = padding.present() || attn_mask_.present() || (p_.causal && j_end > visible_keys(b, 0));
-        bool careful = false;
-        for (std::size_t j = 0; masked_here && j < n && !careful; ++j) careful = any_nonfinite(v.row(j), d);
-        if (p_.bf16) simd::round_to_bf16_inplace(st);  // P as the input of P·V
-        if (careful) {
-            for (std::size_t t = 0; t < G_; ++t)
-                accumulate_unmasked(b, kvh * G_ + t, 0, j0, ConstMatrix(st.row_block(t * Lq_, Lq_)), o.row_block(t * Lq_, Lq_));
-        } else {
-            simd::decode_accumulate(ConstMatrix(st), v, o);
+        switch (p_.kv_type) {
+            case DataType::f32: decode_split<float>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum); break;
+            case DataType::bf16: decode_split<bfloat16>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum); break;
+            case DataType::f16: decode_split<float16>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum); break;
         }
         g_kv_rows_read.fetch_add(2 * n, std::memory_order_relaxed);
     }
@@ -354,6 +366,35 @@ void AttentionCore::decode_task(std::size_t b, std::size_t kvh, std::size_t spli
     std::copy(row_max, row_max + m, part);
     std::copy(row_sum, row_sum + m, part + m);
     for (std::size_t r = 0; r < m; ++r) std::copy(o.row(r), o.row(r) + d, part + 2 * m + r * d);
+}
+
+template <class E>
+void AttentionCore::decode_split(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st,
+                                 Matrix o, float* row_max, float* row_sum) const {
+    const std::size_t m = G_ * Lq_, j_end = j0 + n;
+    const simd::MaskRow padding = key_padding_row(b);
+    const MatrixView<const E> k = kv_rows<E>(false, b, kvh, j0, n), v = kv_rows<E>(true, b, kvh, j0, n);
+    // All the split's scores first, then all its values: one stream at a time (switching between the K
+    // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
+    simd::decode_scores(p_.scale, q, k, st);
+    for (std::size_t row = 0; row < m; ++row) {
+        const std::size_t t = row / Lq_, i = row % Lq_;
+        const std::size_t vis = visible_keys(b, i), valid = vis > j0 ? std::min(n, vis - j0) : 0;
+        row_sum[row] = simd::softmax_tile_online(st.row(row), n, valid, 1.0f, padding.from(j0),
+                                                 attn_mask_row(b, kvh * G_ + t, i).from(j0), row_max[row]);
+    }
+    // A key of this split is masked for some row (the causal edge of the first query, or a mask): a NaN or
+    // ±inf value row must then not reach the output through 0·v.
+    const bool masked_here = padding.present() || attn_mask_.present() || (p_.causal && j_end > visible_keys(b, 0));
+    bool careful = false;
+    for (std::size_t j = 0; masked_here && j < n && !careful; ++j) careful = any_nonfinite(v.row(j), d_);
+    if (p_.bf16) simd::round_to_bf16_inplace(st);  // P as the input of P·V
+    if (careful) {
+        for (std::size_t t = 0; t < G_; ++t)
+            accumulate_unmasked(b, kvh * G_ + t, 0, j0, ConstMatrix(st.row_block(t * Lq_, Lq_)), o.row_block(t * Lq_, Lq_));
+    } else {
+        simd::decode_accumulate(ConstMatrix(st), v, o);
+    }
 }
 
 void AttentionCore::decode_merge(std::size_t b, std::size_t kvh) const {

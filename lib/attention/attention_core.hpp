@@ -76,6 +76,11 @@ CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_w
 struct CoreProblem {
     ConstHeads q, k, v;  // [B, H, Lq, d], [B, Hkv, Lk, d], [B, Hkv, Lk, d]
     Heads out;           // [B, H, Lq, d]
+    // K and V in a KV cache's 16-bit element type (bf16 / f16), decode path only: k_elements / v_elements hold
+    // them at the element offsets of k / v, whose data pointers are then null. f32: k / v hold the floats.
+    DataType kv_type = DataType::f32;
+    const void* k_elements = nullptr;
+    const void* v_elements = nullptr;
     float scale = 1.0f;
     bool causal = false;
     std::ptrdiff_t causal_shift = 0;
@@ -127,6 +132,15 @@ private:
     bool value_nonfinite(std::size_t b, std::size_t kvh) const noexcept {
         return value_flags_ != nullptr && __atomic_load_n(&value_flags_[b * Hkv_ + kvh], __ATOMIC_RELAXED) != 0;
     }
+    // The split's scores and P·V (decode_task) on K and V rows of element type E read in place.
+    template <class E>
+    void decode_split(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st, Matrix o,
+                      float* row_max, float* row_sum) const;
+    // Rows [j0, j0 + n) of KV head kvh of batch b in element type E (E = float: p_.k / p_.v).
+    template <class E>
+    MatrixView<const E> kv_rows(bool values, std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n) const noexcept;
+    // Value (j, c) of KV head kvh, widened to float.
+    float value_at(std::size_t b, std::size_t kvh, std::size_t j, std::size_t c) const noexcept;
     // o[r, :] += Σ_j probs[r, j]·v[j0 + j, :] over the keys not masked for query i0 + r of head h: the P·V of
     // a KV head whose values are not all finite (0·NaN must not reach o). Plain loops: a rare path.
     void accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,

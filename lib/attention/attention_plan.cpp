@@ -11,6 +11,7 @@
 #include <tbb/task_arena.h>
 
 #include "../core/validate.hpp"
+#include "kv_elements.hpp"
 #include "../simd/round_bf16.hpp"
 #include "rope.hpp"
 
@@ -78,7 +79,14 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
     l.cache_keys = core_keys(in, cache);
     if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
     const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute == DataType::bf16};
-    l.core = core_layout(shape, layer_core_path(st, in, opt, l.cache_keys), opt.need_weights, c, slot);
+    const CorePath path = layer_core_path(st, in, opt, l.cache_keys);
+    if (cache != nullptr && cache->element_type() != DataType::f32 && path != CorePath::decode) {
+        const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
+        l.widen_cache = true;
+        l.widened_keys = c.take(floats);
+        l.widened_values = c.take(floats);
+    }
+    l.core = core_layout(shape, path, opt.need_weights, c, slot);
     l.rope_table = slot.take(st.rope ? scratch_mul(kRowBlock, st.rope->dims) : 0);
     if (st.compute == DataType::bf16) {
         const std::size_t k = std::max({st.E, st.kdim, st.vdim, qw});
@@ -184,16 +192,34 @@ void LayerPlan::project_few_tokens() const {
 
 void LayerPlan::append_to_cache() const {
     const std::size_t d = st_.d, Hkv = st_.Hkv, cap = cache_->capacity();
+    const DataType type = cache_->element_type();
+    const std::size_t size = data_type_bytes(type);
+    auto* key_base = static_cast<unsigned char*>(cache_->key_storage());
+    auto* value_base = static_cast<unsigned char*>(cache_->value_storage());
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t b = t / Hkv, h = t % Hkv, n = cache_->lengths()[b];
-            float* keys = cache_->key_data() + ((b * Hkv + h) * cap + n) * d;
-            float* values = cache_->value_data() + ((b * Hkv + h) * cap + n) * d;
+            const std::size_t at = ((b * Hkv + h) * cap + n) * d * size;
             const ConstMatrix k = K_[b].columns(h * d, d), v = V_[b].columns(h * d, d);
             for (std::size_t i = 0; i < Lq_; ++i) {
-                std::copy(k.row(i), k.row(i) + d, keys + i * d);
-                std::copy(v.row(i), v.row(i) + d, values + i * d);
+                narrow_row(type, k.row(i), key_base + at + i * d * size, d);
+                narrow_row(type, v.row(i), value_base + at + i * d * size, d);
             }
+        }
+    });
+}
+
+void LayerPlan::widen_cache(const std::size_t* key_lengths) const {
+    const std::size_t d = st_.d, Hkv = st_.Hkv, cap = cache_->capacity(), L = layout_.cache_keys;
+    const DataType type = cache_->element_type();
+    const std::size_t size = data_type_bytes(type);
+    const auto* key_base = static_cast<const unsigned char*>(cache_->key_storage());
+    const auto* value_base = static_cast<const unsigned char*>(cache_->value_storage());
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t src = t * cap * d * size, dst = t * L * d, n = key_lengths[t / Hkv];
+            widen_row(type, key_base + src, scratch_ + layout_.widened_keys + dst, n * d);  // rows are contiguous
+            widen_row(type, value_base + src, scratch_ + layout_.widened_values + dst, n * d);
         }
     });
 }
@@ -306,10 +332,25 @@ void LayerPlan::run() const {
     };
     CoreProblem p;
     p.q = heads(Q_, H);
-    if (cache_ != nullptr) {  // the cache's rows: [B, Hkv, capacity, d], the first key_lengths[b] of each sequence
-        const ConstHeads k = cache_->keys(), v = cache_->values();
-        p.k = Heads(cache_->key_data(), B_, Hkv, layout_.cache_keys, d, k.batch_stride, k.head_stride, k.row_stride);
-        p.v = Heads(cache_->value_data(), B_, Hkv, layout_.cache_keys, d, v.batch_stride, v.head_stride, v.row_stride);
+    if (cache_ != nullptr && layout_.widen_cache) {  // fp32 copies [B, Hkv, cache_keys, d] of the 16-bit rows
+        widen_cache(key_lengths);
+        const std::size_t L = layout_.cache_keys;
+        p.k = Heads(scratch_ + layout_.widened_keys, B_, Hkv, L, d, Hkv * L * d, L * d, d);
+        p.v = Heads(scratch_ + layout_.widened_values, B_, Hkv, L, d, Hkv * L * d, L * d, d);
+        p.key_lengths = key_lengths;
+    } else if (cache_ != nullptr) {  // the cache's rows: [B, Hkv, capacity, d], the first key_lengths[b] of each sequence
+        const std::size_t cap = cache_->capacity(), L = layout_.cache_keys;
+        const DataType type = cache_->element_type();
+        if (type == DataType::f32) {
+            p.k = Heads(static_cast<float*>(cache_->key_storage()), B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
+            p.v = Heads(static_cast<float*>(cache_->value_storage()), B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
+        } else {  // decode reads the 16-bit rows in place: k / v give the geometry only
+            p.k = Heads(nullptr, B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
+            p.v = p.k;
+            p.kv_type = type;
+            p.k_elements = cache_->key_storage();
+            p.v_elements = cache_->value_storage();
+        }
         p.key_lengths = key_lengths;
     } else {
         p.k = heads(K_, Hkv);

@@ -22,6 +22,10 @@ struct ScratchLayout {
     std::size_t tokens = 0;       // few-token path: the query rows gathered into [B·Lq, E] (0: read in place)
     std::size_t key_lengths = 0;  // with a cache: B size_t, each sequence's keys after the append
     std::size_t cache_keys = 0;   // with a cache: the core's Lk (the longest sequence after the append)
+    // With a bf16 / f16 cache on a path other than decode: the cached K and V widened to fp32,
+    // [B, Hkv, cache_keys, d] each (the decode path reads the 16-bit rows in place).
+    std::size_t widened_keys = 0, widened_values = 0;
+    bool widen_cache = false;
     CoreLayout core;
     std::size_t rope_table = 0;  // within a slot: cos and sin of one projection row block
     std::size_t linear16 = 0;    // within a slot, bf16 compute: the bf16 GEMM's A pack buffer, or a rounded copy of A
@@ -56,8 +60,10 @@ private:
     void project_inputs() const;
     // The few-token path of project_inputs: columns of the packed weights split across tasks.
     void project_few_tokens() const;
-    // Appends the new tokens' K and V rows to the cache (after RoPE).
+    // Appends the new tokens' K and V rows to the cache (after RoPE), rounded to its element type.
     void append_to_cache() const;
+    // With layout_.widen_cache: each sequence's first key_lengths[b] cached K and V rows as fp32 in scratch.
+    void widen_cache(const std::size_t* key_lengths) const;
     // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
     void project_output() const;
     // y = x·Wᵀ + bias over columns [c0, c0 + nc) of weight `w` (kQ, kK, kV: a projection, kQkv: all three,

@@ -9,12 +9,23 @@
 
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
+#include "kv_elements.hpp"
 
 namespace mha {
 
 using detail::fail;
 
-KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity) {
+namespace {
+// Bytes from the start of sequence b's KV head h, row i, in a cache of element size `size`.
+std::size_t row_offset(std::size_t size, std::size_t kv_heads, std::size_t capacity, std::size_t d, std::size_t b,
+                       std::size_t h, std::size_t i) {
+    return (((b * kv_heads + h) * capacity + i) * d) * size;
+}
+}  // namespace
+
+KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity, DataType element) {
+    if (element != DataType::f32 && element != DataType::bf16 && element != DataType::f16)
+        fail("KVCache element type " + std::to_string(static_cast<int>(element)) + " is not f32, bf16 or f16");
     if (batch == 0 || kv_heads == 0 || head_dim == 0 || capacity == 0)
         fail("KVCache dimensions must be non-zero: batch " + std::to_string(batch) + ", kv_heads " + std::to_string(kv_heads) +
              ", head_dim " + std::to_string(head_dim) + ", capacity " + std::to_string(capacity));
@@ -22,18 +33,19 @@ KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, 
     n = detail::checked_madd(n, capacity, 0, "KVCache", "size");
     n = detail::checked_madd(n, head_dim, 0, "KVCache", "size");
     detail::checked_extent("KVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "KVCache", "size"));
-    auto* block = static_cast<float*>(detail::allocate_aligned(2 * n * sizeof(float)));
+    const std::size_t size = data_type_bytes(element), total = 2 * n * size;
+    auto* block = static_cast<unsigned char*>(detail::allocate_aligned(total));
     // 2 MB pages where the kernel allows them: the decode kernels streamed K/V 30-50 % faster from them than
     // from 4 KB pages (bench_decode --huge_pages, M <= 4, on the Zen 4 dev machine). Only a hint: blocks below
     // 1 MiB come from malloc, not page-aligned, and the call then fails harmlessly.
-    madvise(block, 2 * n * sizeof(float), MADV_HUGEPAGE);
-    batch_ = batch, kv_heads_ = kv_heads, head_dim_ = head_dim, capacity_ = capacity;
+    madvise(block, total, MADV_HUGEPAGE);
+    batch_ = batch, kv_heads_ = kv_heads, head_dim_ = head_dim, capacity_ = capacity, element_ = element;
     keys_ = block;
-    values_ = block + n;  // n·4 bytes: a multiple of 64 when d is a multiple of 16; alignment is not required
+    values_ = block + n * size;  // a multiple of 64 bytes when d is a multiple of 32; alignment is not required
     try {
         lengths_.assign(batch, 0);
     } catch (...) {
-        detail::free_aligned(block, 2 * n * sizeof(float));
+        detail::free_aligned(block, total);
         throw;
     }
 }
@@ -43,8 +55,8 @@ KVCache::~KVCache() {
 }
 
 KVCache::KVCache(KVCache&& o) noexcept
-    : batch_(o.batch_), kv_heads_(o.kv_heads_), head_dim_(o.head_dim_), capacity_(o.capacity_), keys_(o.keys_),
-      values_(o.values_), lengths_(std::move(o.lengths_)) {
+    : batch_(o.batch_), kv_heads_(o.kv_heads_), head_dim_(o.head_dim_), capacity_(o.capacity_),
+      element_(o.element_), keys_(o.keys_), values_(o.values_), lengths_(std::move(o.lengths_)) {
     o.batch_ = o.kv_heads_ = o.head_dim_ = o.capacity_ = 0;
     o.keys_ = o.values_ = nullptr;
     o.lengths_.clear();
@@ -57,6 +69,7 @@ KVCache& KVCache::operator=(KVCache&& o) noexcept {
         std::swap(kv_heads_, tmp.kv_heads_);
         std::swap(head_dim_, tmp.head_dim_);
         std::swap(capacity_, tmp.capacity_);
+        std::swap(element_, tmp.element_);
         std::swap(keys_, tmp.keys_);
         std::swap(values_, tmp.values_);
         std::swap(lengths_, tmp.lengths_);
@@ -86,17 +99,59 @@ void KVCache::truncate(std::size_t b, std::size_t n) {
     lengths_[b] = n;
 }
 
+void KVCache::check_element(DataType t, const char* what) const {
+    if (element_ != t)
+        fail(std::string(what) + " needs a " + std::string(data_type_name(t)) + " KV cache, but this one holds " +
+             std::string(data_type_name(element_)) + " elements (use copy_keys / copy_values, or keys_as / values_as)");
+}
+
+ConstHeads KVCache::keys() const {
+    check_element(DataType::f32, "keys()");
+    return {static_cast<const float*>(keys_), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
+}
+
+ConstHeads KVCache::values() const {
+    check_element(DataType::f32, "values()");
+    return {static_cast<const float*>(values_), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
+}
+
+float* KVCache::key_data() {
+    check_element(DataType::f32, "key_data()");
+    return static_cast<float*>(keys_);
+}
+
+float* KVCache::value_data() {
+    check_element(DataType::f32, "value_data()");
+    return static_cast<float*>(values_);
+}
+
 ConstMatrix KVCache::keys(std::size_t b, std::size_t h) const {
     check_sequence(b);
     if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
-    return {keys_ + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+    check_element(DataType::f32, "keys(b, h)");
+    return {static_cast<const float*>(keys_) + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
 }
 
 ConstMatrix KVCache::values(std::size_t b, std::size_t h) const {
     check_sequence(b);
     if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
-    return {values_ + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+    check_element(DataType::f32, "values(b, h)");
+    return {static_cast<const float*>(values_) + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
 }
+
+void KVCache::copy_rows(const void* base, std::size_t b, std::size_t h, Matrix dst, const char* what) const {
+    check_sequence(b);
+    if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
+    if (dst.rows != lengths_[b] || dst.cols != head_dim_ || dst.stride < dst.cols || (dst.data == nullptr && dst.rows != 0))
+        fail(std::string(what) + ": dst is " + detail::shape_str(dst.rows, dst.cols) + " with stride " + std::to_string(dst.stride) +
+             " but must be [length(b), d] = " + detail::shape_str(lengths_[b], head_dim_) + " with stride >= d");
+    const std::size_t size = data_type_bytes(element_);
+    const auto* src = static_cast<const unsigned char*>(base) + row_offset(size, kv_heads_, capacity_, head_dim_, b, h, 0);
+    for (std::size_t i = 0; i < dst.rows; ++i) detail::widen_row(element_, src + i * head_dim_ * size, dst.row(i), head_dim_);
+}
+
+void KVCache::copy_keys(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(keys_, b, h, dst, "copy_keys"); }
+void KVCache::copy_values(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(values_, b, h, dst, "copy_values"); }
 
 void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
     check_sequence(b);
@@ -112,12 +167,12 @@ void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
     if (n > capacity_ - lengths_[b])
         fail("sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) + " tokens; " + std::to_string(n) +
              " more exceed the capacity " + std::to_string(capacity_));
+    const std::size_t size = data_type_bytes(element_);
     for (std::size_t h = 0; h < kv_heads_; ++h)
         for (std::size_t i = 0; i < n; ++i) {
-            float* kd = keys_ + (b * kv_heads_ + h) * head_stride() + (lengths_[b] + i) * head_dim_;
-            float* vd = values_ + (b * kv_heads_ + h) * head_stride() + (lengths_[b] + i) * head_dim_;
-            std::copy(k.head(0, h).row(i), k.head(0, h).row(i) + head_dim_, kd);
-            std::copy(v.head(0, h).row(i), v.head(0, h).row(i) + head_dim_, vd);
+            const std::size_t at = row_offset(size, kv_heads_, capacity_, head_dim_, b, h, lengths_[b] + i);
+            detail::narrow_row(element_, k.head(0, h).row(i), static_cast<unsigned char*>(keys_) + at, head_dim_);
+            detail::narrow_row(element_, v.head(0, h).row(i), static_cast<unsigned char*>(values_) + at, head_dim_);
         }
     lengths_[b] += n;
 }

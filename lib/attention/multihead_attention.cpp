@@ -230,7 +230,7 @@ void check_cache_call(const MultiheadAttention::State& st, const AttentionInputs
         if (in.query.rows > cache.capacity() - cache.lengths()[b])
             fail("sequence " + std::to_string(b) + " holds " + std::to_string(cache.lengths()[b]) + " tokens; " +
                  std::to_string(in.query.rows) + " more exceed the KV cache's capacity " + std::to_string(cache.capacity()));
-    const ConstBatch storage(cache.keys().data, 1, 1, cache.bytes() / sizeof(float));
+    const ConstBatch storage(static_cast<const float*>(cache.key_storage()), 1, 1, cache.bytes() / sizeof(float));
     if (in.query.data != nullptr && in.query.batch != 0 && in.query.rows != 0 && in.query.cols != 0 &&
         detail::overlaps(storage, in.query))
         fail("query overlaps the KV cache");
@@ -352,7 +352,7 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
             detail::overlaps(w, wb, out.attn_weights, weight_count) || mask_overlaps(in.key_padding_mask, w, wb) ||
             mask_overlaps(in.attn_mask, w, wb))
             fail("workspace overlaps an input, an output or a mask");
-        if (cache != nullptr && detail::overlaps(w, wb, cache->keys().data, cache->bytes() / sizeof(float)))
+        if (cache != nullptr && detail::overlaps(w, wb, static_cast<const float*>(cache->key_storage()), cache->bytes() / sizeof(float)))
             fail("workspace overlaps the KV cache");
     }
 

@@ -2,8 +2,9 @@
 // reference kernels. For each sequence b with n_b = cache.length(b) cached tokens and Lq new tokens x_b:
 //   Q = x_b·Wqᵀ + bq [Lq, H·d],  K = x_b·Wkᵀ + bk,  V = x_b·Wvᵀ + bv [Lq, Hkv·d]
 //   with RoPE: every head row of Q and K of new token i rotated at position n_b + i
-//   K and V appended to the cache (rows n_b .. n_b + Lq − 1 of each KV head)
-//   C = attention_core over Q and the cache's n_b + Lq rows, scale 1/sqrt(d), causal bottom-right
+//   K and V appended to the cache (rows n_b .. n_b + Lq − 1 of each KV head), rounded to its element type
+//   C = attention_core over Q and the cache's n_b + Lq rows as stored (bf16 / f16 widened to float, exactly),
+//       scale 1/sqrt(d), causal bottom-right
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + x_b)
 // layer.compute bf16: rounded as reference::multihead_attention rounds (the cache receives K and V rounded to
 // bfloat16, exact in its floats).
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../attention/kv_elements.hpp"
 #include "reference.hpp"
 
 namespace mha::reference {
@@ -34,19 +36,26 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
                 for (std::size_t h = 0; h < Hkv; ++h) rope_row(K.row(i) + h * d, *layer.rope, n + i);
             }
         if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
-        // Append: head h of token i is columns [h·d, h·d + d) of row i.
-        float* keys = cache.key_data() + b * Hkv * capacity * d;
-        float* values = cache.value_data() + b * Hkv * capacity * d;
+        std::vector<float> kc(Hkv * (n + Lq) * d), vc(kc.size());  // the cached rows as floats [Hkv, n + Lq, d]
+        // Append: head h of token i is columns [h·d, h·d + d) of row i, rounded to the element type.
+        const DataType type = cache.element_type();
+        const std::size_t size = data_type_bytes(type);
+        auto* keys = static_cast<unsigned char*>(cache.key_storage()) + b * Hkv * capacity * d * size;
+        auto* values = static_cast<unsigned char*>(cache.value_storage()) + b * Hkv * capacity * d * size;
         for (std::size_t h = 0; h < Hkv; ++h)
-            for (std::size_t i = 0; i < Lq; ++i)
-                for (std::size_t c = 0; c < d; ++c) {
-                    keys[(h * capacity + n + i) * d + c] = K(i, h * d + c);
-                    values[(h * capacity + n + i) * d + c] = V(i, h * d + c);
-                }
+            for (std::size_t i = 0; i < Lq; ++i) {
+                detail::narrow_row(type, K.row(i) + h * d, keys + (h * capacity + n + i) * d * size, d);
+                detail::narrow_row(type, V.row(i) + h * d, values + (h * capacity + n + i) * d * size, d);
+            }
+        cache.set_length(b, n + Lq);
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            cache.copy_keys(b, h, Matrix(kc.data() + h * (n + Lq) * d, n + Lq, d));
+            cache.copy_values(b, h, Matrix(vc.data() + h * (n + Lq) * d, n + Lq, d));
+        }
         SdpaInputs in;
         in.query = ConstHeads(q.data(), 1, H, Lq, d, 0, d, H * d);
-        in.key = ConstHeads(keys, 1, Hkv, n + Lq, d, 0, capacity * d, d);
-        in.value = ConstHeads(values, 1, Hkv, n + Lq, d, 0, capacity * d, d);
+        in.key = ConstHeads::bhld(kc.data(), 1, Hkv, n + Lq, d);
+        in.value = ConstHeads::bhld(vc.data(), 1, Hkv, n + Lq, d);
         attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
                        CausalAlignment::bottom_right, nullptr, ct);
         const Matrix y = output[b];
@@ -55,7 +64,6 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
         if (opt.norm_eps)
             for (std::size_t i = 0; i < Lq; ++i)
                 layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);
-        cache.set_length(b, n + Lq);
     }
 }
 

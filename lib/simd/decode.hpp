@@ -1,36 +1,40 @@
-// The decode-step kernels as functors templated on the xsimd Arch (recipe: dispatch.hpp).
+// The decode-step kernels as functors templated on the xsimd Arch and on the K / V element type E (float,
+// bfloat16 or float16: a KV cache's element type, widened to float as it is loaded) (recipe: dispatch.hpp).
 // Contracts: simd::decode_scores and simd::decode_accumulate in simd.hpp. Definitions in decode_impl.hpp,
 // instantiated once per ISA by decode_<isa>.cpp; everyone else sees only the extern declarations below.
 #pragma once
 
 #include "dispatch.hpp"
+#include "mha/half.hpp"
 #include "mha/view.hpp"
 
 namespace mha::simd {
 
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].
 struct decode_scores_kernel {
-    template <class Arch>
-    void operator()(Arch, float scale, ConstMatrix q, ConstMatrix k, Matrix s) const noexcept;
+    template <class Arch, class E>
+    void operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) const noexcept;
 };
 
 // o += p·v: p [M, n], v [n, d], o [M, d].
 struct decode_accumulate_kernel {
-    template <class Arch>
-    void operator()(Arch, ConstMatrix p, ConstMatrix v, Matrix o) const noexcept;
+    template <class Arch, class E>
+    void operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o) const noexcept;
 };
 
-extern template void decode_scores_kernel::operator()<arch_avx512>(arch_avx512, float, ConstMatrix, ConstMatrix,
-                                                                   Matrix) const noexcept;
-extern template void decode_scores_kernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, ConstMatrix,
-                                                                 Matrix) const noexcept;
-extern template void decode_scores_kernel::operator()<arch_sse2>(arch_sse2, float, ConstMatrix, ConstMatrix,
-                                                                 Matrix) const noexcept;
-extern template void decode_accumulate_kernel::operator()<arch_avx512>(arch_avx512, ConstMatrix, ConstMatrix,
-                                                                       Matrix) const noexcept;
-extern template void decode_accumulate_kernel::operator()<arch_avx2>(arch_avx2, ConstMatrix, ConstMatrix,
-                                                                     Matrix) const noexcept;
-extern template void decode_accumulate_kernel::operator()<arch_sse2>(arch_sse2, ConstMatrix, ConstMatrix,
-                                                                     Matrix) const noexcept;
+// The instantiations of one Arch for every element type (PREFIX: extern, or empty in the ISA's TU).
+#define MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)                                                                  \
+    PREFIX template void decode_scores_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, MatrixView<const E>,     \
+                                                                   Matrix) const noexcept;                            \
+    PREFIX template void decode_accumulate_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, MatrixView<const E>, Matrix) \
+        const noexcept;
+#define MHA_DECODE_INSTANTIATE(PREFIX, ARCH)            \
+    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, float)    \
+    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, bfloat16) \
+    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, float16)
+
+MHA_DECODE_INSTANTIATE(extern, arch_avx512)
+MHA_DECODE_INSTANTIATE(extern, arch_avx2)
+MHA_DECODE_INSTANTIATE(extern, arch_sse2)
 
 }  // namespace mha::simd

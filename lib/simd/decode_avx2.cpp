@@ -1,7 +1,7 @@
-// Instantiates the decode kernels of decode.hpp for arch_avx2 (compiled with that ISA's flags; see CMakeLists.txt).
+// Instantiates the decode kernels of decode.hpp for arch_avx2 and every K / V element type (compiled with that
+// ISA's flags; see CMakeLists.txt).
 #include "decode_impl.hpp"
 
 namespace mha::simd {
-template void decode_scores_kernel::operator()<arch_avx2>(arch_avx2, float, ConstMatrix, ConstMatrix, Matrix) const noexcept;
-template void decode_accumulate_kernel::operator()<arch_avx2>(arch_avx2, ConstMatrix, ConstMatrix, Matrix) const noexcept;
+MHA_DECODE_INSTANTIATE(, arch_avx2)
 }  // namespace mha::simd

@@ -2,6 +2,10 @@
 // included only by the decode_<isa>.cpp TUs.
 //   scores:     s[m, j] = scale·Σ_c q[m, c]·k[j, c]   q [M, d], k [n, d], s [M, n]
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c]        p [M, n], v [n, d], o [M, d]
+// K and V are float, bfloat16 or float16 (a KV cache's element type): 16-bit elements are widened to float
+// in registers as they are loaded (bf16: zero-extend to 32 bits and shift left 16; f16: vcvtph2ps on AVX2
+// and AVX-512, half.hpp's scalar conversion on SSE2), exactly, so the fp32 arithmetic below and its
+// summation order are the same for every element type.
 // K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
 // or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
 //
@@ -35,10 +39,13 @@
 // ISA's flags can be picked by the linker for another ISA's path.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
 #include "decode.hpp"
+#include "mha/half.hpp"
 #include "gemm_microkernel.hpp"  // gemm_detail::unroll, gemm_detail::fmadd, MHA_GEMM_INLINE
 #include "row_tail.hpp"          // row_detail::load_head / store_head (SSE2 partial vectors)
 
@@ -116,29 +123,114 @@ struct Part<arch_avx512> {
 };
 #endif
 
-// Reads one byte of each cache line of row[0, bytes / 4) in address order (bytes > 0): the line comes
+// Vectors of W elements of T widened to float: full(p) reads p[0, W); part(p) reads only p[0, r) and gives
+// zeros in the other lanes (0 < r < W). float: plain and masked loads (Part); 16-bit types: scalar through
+// a buffer here (SSE2), conversion instructions in the specializations of the AVX2 and AVX-512 TUs.
+template <class Arch, class T>
+struct Widen {
+    using B = batch<Arch>;
+    std::size_t r;
+    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
+    static MHA_GEMM_INLINE B full(const T* p) noexcept {
+        alignas(64) float t[B::size];
+        for (std::size_t i = 0; i < B::size; ++i) t[i] = p[i].to_float();
+        return B::load_aligned(t);
+    }
+    MHA_GEMM_INLINE B part(const T* p) const noexcept {
+        alignas(64) float t[B::size] = {};
+        for (std::size_t i = 0; i < r; ++i) t[i] = p[i].to_float();
+        return B::load_aligned(t);
+    }
+};
+
+template <class Arch>
+struct Widen<Arch, float> {
+    using B = batch<Arch>;
+    Part<Arch> p;
+    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : p(count) {}
+    static MHA_GEMM_INLINE B full(const float* x) noexcept { return B::load_unaligned(x); }
+    MHA_GEMM_INLINE B part(const float* x) const noexcept { return p.load(x); }
+};
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+// 8 × 16 bits: a full 128-bit load, or r elements copied into a zeroed buffer.
+inline MHA_GEMM_INLINE __m128i load_8x16(const void* p) noexcept { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline MHA_GEMM_INLINE __m128i load_8x16(const void* p, std::size_t r) noexcept {
+    alignas(16) std::uint16_t t[8] = {};
+    std::memcpy(t, p, r * 2);
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+}
+inline MHA_GEMM_INLINE __m256 bf16x8_to_float(__m128i h) noexcept {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+template <>
+struct Widen<arch_avx2, bfloat16> {
+    using B = batch<arch_avx2>;
+    std::size_t r;
+    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
+    static MHA_GEMM_INLINE B full(const bfloat16* p) noexcept { return bf16x8_to_float(load_8x16(p)); }
+    MHA_GEMM_INLINE B part(const bfloat16* p) const noexcept { return bf16x8_to_float(load_8x16(p, r)); }
+};
+template <>
+struct Widen<arch_avx2, float16> {
+    using B = batch<arch_avx2>;
+    std::size_t r;
+    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
+    static MHA_GEMM_INLINE B full(const float16* p) noexcept { return _mm256_cvtph_ps(load_8x16(p)); }
+    MHA_GEMM_INLINE B part(const float16* p) const noexcept { return _mm256_cvtph_ps(load_8x16(p, r)); }
+};
+#endif
+
+#if defined(__AVX512F__)
+// 16 × 16 bits: a full 256-bit load, or a masked one (masked-off elements never fault).
+inline MHA_GEMM_INLINE __m512 bf16x16_to_float(__m256i h) noexcept {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <>
+struct Widen<arch_avx512, bfloat16> {
+    using B = batch<arch_avx512>;
+    __mmask16 mask;
+    explicit MHA_GEMM_INLINE Widen(std::size_t r) noexcept : mask(static_cast<__mmask16>((1u << r) - 1u)) {}
+    static MHA_GEMM_INLINE B full(const bfloat16* p) noexcept {
+        return bf16x16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+    MHA_GEMM_INLINE B part(const bfloat16* p) const noexcept { return bf16x16_to_float(_mm256_maskz_loadu_epi16(mask, p)); }
+};
+template <>
+struct Widen<arch_avx512, float16> {
+    using B = batch<arch_avx512>;
+    __mmask16 mask;
+    explicit MHA_GEMM_INLINE Widen(std::size_t r) noexcept : mask(static_cast<__mmask16>((1u << r) - 1u)) {}
+    static MHA_GEMM_INLINE B full(const float16* p) noexcept {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+    MHA_GEMM_INLINE B part(const float16* p) const noexcept { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p)); }
+};
+#endif
+
+// Reads one byte of each cache line of the row's `bytes` bytes in address order (bytes > 0): the line comes
 // into L1 now, in row order (see the header).
 template <class Arch>
-inline MHA_GEMM_INLINE void touch_row(const float* row, std::size_t bytes) noexcept {
+inline MHA_GEMM_INLINE void touch_row(const void* row, std::size_t bytes) noexcept {
     const volatile char* t = reinterpret_cast<const volatile char*>(row);
     for (std::size_t b = 0; b < bytes; b += 64) (void)t[b];
     (void)t[bytes - 1];  // the last line, when the row does not start on a line boundary
 }
 
-// Asks for each cache line of row[0, bytes / 4) to be brought into L2 (bytes > 0). Never faults.
+// Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
 template <class Arch>
-inline MHA_GEMM_INLINE void prefetch_row_l2(const float* row, std::size_t bytes) noexcept {
-    const char* t = reinterpret_cast<const char*>(row);
+inline MHA_GEMM_INLINE void prefetch_row_l2(const void* row, std::size_t bytes) noexcept {
+    const char* t = static_cast<const char*>(row);
     for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 2);
     __builtin_prefetch(t + bytes - 1, 0, 2);
 }
 
 // The V rows an accumulate tile brings in as it goes, row i at its iteration i: `touch` rows (of the
-// chunk the tile works on) and `prefetch` rows (of the next chunk). Row stride ld, `bytes` per row.
+// chunk the tile works on) and `prefetch` rows (of the next chunk). Row stride ld and row size in bytes.
 struct RowPlan {
-    const float* touch = nullptr;
+    const char* touch = nullptr;
     std::size_t n_touch = 0;
-    const float* prefetch = nullptr;
+    const char* prefetch = nullptr;
     std::size_t n_prefetch = 0;
     std::size_t ld = 0, bytes = 0;
 };
@@ -208,74 +300,85 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
 }
 
 // One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB).
-template <class Arch, std::size_t QR, std::size_t KR>
-void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, const float* k, std::size_t ldk, float* s,
+template <class Arch, class T, std::size_t QR, std::size_t KR>
+void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk, float* s,
                  std::size_t lds) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
     B acc[QB][4];
     unroll<QB>([&](auto m) MHA_GEMM_INLINE { unroll<4>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = B(0.0f); }); });
     // One vector of columns from c on: KR key vectors, then each query vector against all of them.
-    auto step = [&](std::size_t c, auto load) MHA_GEMM_INLINE {
+    auto step = [&](std::size_t c, auto load_k, auto load_q) MHA_GEMM_INLINE {
         B kv[KR];
-        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load(k + j * ldk + c); });
+        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(k + j * ldk + c); });
         unroll<QR>([&](auto m) MHA_GEMM_INLINE {
-            const B qv = load(q + m * ldq + c);
+            const B qv = load_q(q + m * ldq + c);
             unroll<KR>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = fmadd<Arch>(qv, kv[j], acc[m][j]); });
         });
     };
     const std::size_t body = d - d % W;
-    for (std::size_t c = 0; c < body; c += W) step(c, [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
+    for (std::size_t c = 0; c < body; c += W)
+        step(c, [](const T* p) MHA_GEMM_INLINE { return Widen<Arch, T>::full(p); },
+             [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
     if (body < d) {
-        const Part<Arch> part(d - body);
-        step(body, [&part](const float* p) MHA_GEMM_INLINE { return part.load(p); });
+        const Widen<Arch, T> part_k(d - body);
+        const Part<Arch> part_q(d - body);
+        step(body, [&part_k](const T* p) MHA_GEMM_INLINE { return part_k.part(p); },
+             [&part_q](const float* p) MHA_GEMM_INLINE { return part_q.load(p); });
     }
     reduce_store<Arch, QR, KR>(acc, scale, s, lds);
 }
 
-template <class Arch>
-using ScoresTileFn = void (*)(std::size_t, float, const float*, std::size_t, const float*, std::size_t, float*,
+template <class Arch, class T>
+using ScoresTileFn = void (*)(std::size_t, float, const float*, std::size_t, const T*, std::size_t, float*,
                               std::size_t) noexcept;
 
 // Plain arrays (indexing them calls no std::array member, which two ISA TUs would share).
-template <class Arch>
+template <class Arch, class T>
 struct ScoresTable {
-    ScoresTileFn<Arch> f[DecodeTiles<Arch>::QB][DecodeTiles<Arch>::KB];  // [rows - 1][keys - 1]
+    ScoresTileFn<Arch, T> f[DecodeTiles<Arch>::QB][DecodeTiles<Arch>::KB];  // [rows - 1][keys - 1]
 };
 
-template <class Arch, std::size_t... I>
-constexpr ScoresTable<Arch> make_scores_table(std::index_sequence<I...>) {
+template <class Arch, class T, std::size_t... I>
+constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
     constexpr std::size_t KB = DecodeTiles<Arch>::KB;
-    ScoresTable<Arch> t{};
-    ((t.f[I / KB][I % KB] = &scores_tile<Arch, I / KB + 1, I % KB + 1>), ...);
+    ScoresTable<Arch, T> t{};
+    ((t.f[I / KB][I % KB] = &scores_tile<Arch, T, I / KB + 1, I % KB + 1>), ...);
     return t;
 }
 
 // ---- accumulate ------------------------------------------------------------------------------------
 
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
-template <class Arch, std::size_t MR, std::size_t NF, bool P>
-void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float* v, std::size_t ldv, float* o,
+template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
+void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v, std::size_t ldv, float* o,
                      std::size_t ldo, std::size_t r, const RowPlan& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
     const Part<Arch> part(P ? r : 1);
-    auto load = [&](const float* x, auto i) MHA_GEMM_INLINE {
+    const Widen<Arch, T> part_v(P ? r : 1);
+    auto load_o = [&](const float* x, auto i) MHA_GEMM_INLINE {
         if constexpr (P && decltype(i)::value == NF)
             return part.load(x + NF * W);
         else
             return B::load_unaligned(x + decltype(i)::value * W);
     };
+    auto load_v = [&](const T* x, auto i) MHA_GEMM_INLINE {
+        if constexpr (P && decltype(i)::value == NF)
+            return part_v.part(x + NF * W);
+        else
+            return Widen<Arch, T>::full(x + decltype(i)::value * W);
+    };
     B acc[MR][NA];
     unroll<MR>([&](auto m) MHA_GEMM_INLINE {
-        unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = load(o + m * ldo, i); });
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = load_o(o + m * ldo, i); });
     });
     const std::size_t n_touch = plan.n_touch, n_prefetch = plan.n_prefetch;
     for (std::size_t j = 0; j < n; ++j) {
         if (j < n_touch) touch_row<Arch>(plan.touch + j * plan.ld, plan.bytes);
         if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
-        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load(v, i); });
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load_v(v, i); });
         unroll<MR>([&](auto m) MHA_GEMM_INLINE {
             const B pm(p[m * ldp]);
             unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
@@ -293,42 +396,42 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const float
     });
 }
 
-template <class Arch>
-using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t, float*,
+template <class Arch, class T>
+using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const T*, std::size_t, float*,
                                   std::size_t, std::size_t, const RowPlan&) noexcept;
 
-template <class Arch>
+template <class Arch, class T>
 struct AccumulateTable {
     // [rows - 1][full vectors][partial vector]; null where there is no such tile (no columns, or more
     // than NV vectors).
-    AccumulateTileFn<Arch> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV + 1][2];
+    AccumulateTileFn<Arch, T> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV + 1][2];
 };
 
-template <class Arch, std::size_t MR, std::size_t NF, bool P>
-constexpr AccumulateTileFn<Arch> accumulate_entry() {
+template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
+constexpr AccumulateTileFn<Arch, T> accumulate_entry() {
     if constexpr (NF + P == 0 || NF + P > DecodeTiles<Arch>::NV)
         return nullptr;
     else
-        return &accumulate_tile<Arch, MR, NF, P>;
+        return &accumulate_tile<Arch, T, MR, NF, P>;
 }
 
-template <class Arch, std::size_t... I>
-constexpr AccumulateTable<Arch> make_accumulate_table(std::index_sequence<I...>) {
+template <class Arch, class T, std::size_t... I>
+constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I...>) {
     constexpr std::size_t C = 2 * (DecodeTiles<Arch>::NV + 1);
-    AccumulateTable<Arch> t{};
-    ((t.f[I / C][I % C / 2][I % 2] = accumulate_entry<Arch, I / C + 1, I % C / 2, I % 2 != 0>()), ...);
+    AccumulateTable<Arch, T> t{};
+    ((t.f[I / C][I % C / 2][I % 2] = accumulate_entry<Arch, T, I / C + 1, I % C / 2, I % 2 != 0>()), ...);
     return t;
 }
 
 }  // namespace decode_detail
 
-template <class Arch>
-void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMatrix k, Matrix s) const noexcept {
+template <class Arch, class E>
+void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t QB = T::QB, KB = T::KB;
-    static constexpr ScoresTable<Arch> table = make_scores_table<Arch>(std::make_index_sequence<QB * KB>{});
-    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(float);
+    static constexpr ScoresTable<Arch, E> table = make_scores_table<Arch, E>(std::make_index_sequence<QB * KB>{});
+    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(E);
     // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
     const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
     for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
@@ -336,7 +439,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMat
         const bool prefetch = (m_end - m0 + QB - 1) / QB > kScoresPrefetchTiles;
         for (std::size_t j = 0; j < n; j += KB) {
             const std::size_t kr = min_size(KB, n - j);
-            const float* kj = k.data + j * k.stride;
+            const E* kj = k.data + j * k.stride;
             if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
                 for (std::size_t i = 0; i < kr; ++i) touch_row<Arch>(kj + i * k.stride, bytes);
                 if (prefetch)
@@ -348,7 +451,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMat
                 const float* qm = q.data + m * q.stride;
                 float* sm = s.data + m * s.stride + j;
                 if (qr == QB && kr == KB)
-                    scores_tile<Arch, QB, KB>(d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                    scores_tile<Arch, E, QB, KB>(d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
                 else
                     table.f[qr - 1][kr - 1](d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
             }
@@ -356,13 +459,13 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, ConstMat
     }
 }
 
-template <class Arch>
-void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, ConstMatrix v, Matrix o) const noexcept {
+template <class Arch, class E>
+void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t W = T::W, MB = T::MB, NV = T::NV;
-    static constexpr AccumulateTable<Arch> table =
-        make_accumulate_table<Arch>(std::make_index_sequence<MB * (NV + 1) * 2>{});
+    static constexpr AccumulateTable<Arch, E> table =
+        make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (NV + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
@@ -374,22 +477,22 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, ConstMatrix v, Ma
     const std::size_t J = max_size(4, (few ? kChunkFloatsFew : kChunkFloatsMany) / d);  // V rows per chunk
     for (std::size_t j0 = 0; j0 < n; j0 += J) {
         const std::size_t jn = min_size(J, n - j0);
-        const float* vj = v.data + j0 * v.stride;
+        const E* vj = v.data + j0 * v.stride;
         // The next chunk's rows, prefetched a share per tile when compute-bound.
         const std::size_t next = few || j0 + J >= n ? 0 : min_size(J, n - j0 - J);
         const std::size_t share = (next + tiles - 1) / tiles;
         std::size_t t = 0;  // tiles of this chunk so far
         auto plan = [&]() {
             RowPlan rp;
-            rp.ld = v.stride;
-            rp.bytes = d * sizeof(float);
+            rp.ld = v.stride * sizeof(E);
+            rp.bytes = d * sizeof(E);
             if (t == 0) {  // the first tile touches the chunk's rows
-                rp.touch = vj;
+                rp.touch = reinterpret_cast<const char*>(vj);
                 rp.n_touch = jn;
             }
             const std::size_t first = min_size(t * share, next);
             rp.n_prefetch = min_size(min_size(share, next - first), jn);
-            if (rp.n_prefetch != 0) rp.prefetch = vj + (J + first) * v.stride;
+            if (rp.n_prefetch != 0) rp.prefetch = reinterpret_cast<const char*>(vj + (J + first) * v.stride);
             ++t;
             return rp;
         };
@@ -401,7 +504,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, ConstMatrix v, Ma
                 const std::size_t c = b * NV * W;
                 const RowPlan rp = plan();
                 if (mr == MB)
-                    accumulate_tile<Arch, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
+                    accumulate_tile<Arch, E, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
                 else
                     table.f[mr - 1][NV][0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
             }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "mha/half.hpp"
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
@@ -154,12 +155,20 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // bitwise the same whatever M is, wherever the element sits in s / o, and however the rows are split
 // across calls; repeated calls give bitwise equal results. No allocation; single-threaded.
 
+// K and V may be float, bfloat16 or float16 (a KV cache's element type, strides in elements): 16-bit elements
+// are widened to float exactly as they are loaded, and the arithmetic and its order are those of float K / V
+// holding the widened values (bitwise the same results).
+
 // s[m, j] = scale·Σ_c q[m, c]·k[j, c]: q [M, d], k [n, d], s [M, n] (written, not read).
 void decode_scores(float scale, ConstMatrix q, ConstMatrix k, Matrix s) noexcept;
+void decode_scores(float scale, ConstMatrix q, MatrixView<const bfloat16> k, Matrix s) noexcept;
+void decode_scores(float scale, ConstMatrix q, MatrixView<const float16> k, Matrix s) noexcept;
 
 // o[m, c] += Σ_j p[m, j]·v[j, c], summed in order j = 0, 1, ..., n − 1 onto o (so splitting the rows
 // of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d]. n == 0 leaves o
 // untouched.
 void decode_accumulate(ConstMatrix p, ConstMatrix v, Matrix o) noexcept;
+void decode_accumulate(ConstMatrix p, MatrixView<const bfloat16> v, Matrix o) noexcept;
+void decode_accumulate(ConstMatrix p, MatrixView<const float16> v, Matrix o) noexcept;
 
 }  // namespace mha::simd

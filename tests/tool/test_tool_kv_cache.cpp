@@ -5,6 +5,8 @@
 //   - results: output.npy and present_*.npy must be bitwise what mha::MultiheadAttention::forward with a
 //     mha::KVCache gives when called here on the same arrays (the same appends, the same chunks), for each
 //     backend; --chunk N must agree with one causal `mha run` within 2e-5·max|x|;
+//   - --kv-type bf16 / f16: the same against a KVCache of that element type; present_*.npy hold the cached
+//     (rounded) values as float32, the past rows exactly mha::round_to_bf16 / round_to_f16 of the file's;
 //   - bad input: exactly one line on stderr naming the files and values, a nonzero exit code, no file.
 #include <gtest/gtest.h>
 
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <set>
@@ -79,6 +82,7 @@ struct CacheCase {
     bool unbatched = false;                    // query [Lq, E], past [Hkv, Lp, d], past_lengths 0-d (B must be 1)
     bool causal_flag = false;                  // pass --causal (accepted: it is what happens anyway)
     bool norm = false;                         // --norm-eps 1e-5 with norm weights
+    std::optional<mha::DataType> kv_type = {};  // --kv-type (absent: f32)
 };
 
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
@@ -174,7 +178,7 @@ struct Expected {
 Expected library(const CacheCase& c, const Layer& l, mha::Backend backend) {
     const std::size_t B = c.B, Hkv = c.Hkv, d = c.d, E = c.E, Lp = c.past ? c.Lp : 0, cap = Lp + c.Lq;
     const mha::MultiheadAttention attention(l.weights, l.config);
-    mha::KVCache cache(B, Hkv, d, cap);
+    mha::KVCache cache(B, Hkv, d, cap, c.kv_type.value_or(mha::DataType::f32));
     for (std::size_t b = 0; b < B; ++b) {
         const std::size_t n = !c.past ? 0 : c.lengths.empty() ? Lp : std::size_t(c.lengths[b]);
         const std::size_t off = b * Hkv * Lp * d;
@@ -200,12 +204,9 @@ Expected library(const CacheCase& c, const Layer& l, mha::Backend backend) {
     e.present_v.assign(B * Hkv * cap * d, 0.0f);
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t h = 0; h < Hkv; ++h) {
-            const mha::ConstMatrix k = cache.keys(b, h), v = cache.values(b, h);
-            for (std::size_t i = 0; i < k.rows; ++i)
-                for (std::size_t x = 0; x < d; ++x) {
-                    e.present_k[((b * Hkv + h) * cap + i) * d + x] = k.row(i)[x];
-                    e.present_v[((b * Hkv + h) * cap + i) * d + x] = v.row(i)[x];
-                }
+            const std::size_t n = cache.length(b);
+            cache.copy_keys(b, h, mha::Matrix(e.present_k.data() + (b * Hkv + h) * cap * d, n, d));
+            cache.copy_values(b, h, mha::Matrix(e.present_v.data() + (b * Hkv + h) * cap * d, n, d));
         }
     return e;
 }
@@ -229,6 +230,7 @@ protected:
         if (c.seq_first) a.push_back("--seq-first");
         if (c.causal_flag) a.push_back("--causal");
         if (c.norm) a.insert(a.end(), {"--norm-eps", "1e-5"});
+        if (c.kv_type) a.insert(a.end(), {"--kv-type", std::string(mha::data_type_name(*c.kv_type))});
         return a;
     }
     // Runs the tool with output to base_/<name>/output.npy; returns that folder.
@@ -276,7 +278,10 @@ TEST_P(KvCacheVsLibrary, SameAsLibrary) {
                     for (std::size_t x = 0; x < c.d; ++x) {
                         const float got = pk.values[((b * c.Hkv + h) * (Lp + c.Lq) + i) * c.d + x];
                         if (i < n) {
-                            ASSERT_EQ(got, l.past_k[((b * c.Hkv + h) * Lp + i) * c.d + x]);
+                            const float past = l.past_k[((b * c.Hkv + h) * Lp + i) * c.d + x];
+                            const mha::DataType t = c.kv_type.value_or(mha::DataType::f32);
+                            ASSERT_EQ(got, t == mha::DataType::bf16 ? mha::round_to_bf16(past)
+                                           : t == mha::DataType::f16 ? mha::round_to_f16(past) : past);
                         } else if (i >= n + c.Lq) {
                             ASSERT_EQ(got, 0.0f);
                         }
@@ -305,7 +310,15 @@ INSTANTIATE_TEST_SUITE_P(
         CacheCase{.name = "past_chunk2", .lengths = {6, 0, 3}, .lengths_file = Lengths::int64, .chunk = 2},
         // --chunk without a past: an empty cache of capacity Lq.
         CacheCase{.name = "chunk3_no_past", .B = 2, .Lq = 7, .past = false, .chunk = 3},
-        CacheCase{.name = "chunk1_no_past_seq_first", .B = 2, .Lq = 7, .past = false, .chunk = 1, .seq_first = true}),
+        CacheCase{.name = "chunk1_no_past_seq_first", .B = 2, .Lq = 7, .past = false, .chunk = 1, .seq_first = true},
+        // --kv-type: the past rounded into a bf16 / f16 cache, the new tokens too (a decode step, chunks).
+        CacheCase{.name = "decode_step_bf16", .Lp = 40, .Lq = 1, .lengths = {40, 17, 1}, .lengths_file = Lengths::int32,
+                  .kv_type = mha::DataType::bf16},
+        CacheCase{.name = "past_chunk2_f16", .lengths = {6, 0, 3}, .lengths_file = Lengths::int64, .chunk = 2,
+                  .kv_type = mha::DataType::f16},
+        CacheCase{.name = "ragged_bf16_norm", .lengths = {2, 6, 0}, .lengths_file = Lengths::int64, .norm = true,
+                  .kv_type = mha::DataType::bf16},
+        CacheCase{.name = "explicit_f32", .B = 2, .Lp = 4, .Lq = 3, .kv_type = mha::DataType::f32}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 // --chunk N against one causal `mha run` (no cache): the same up to float rounding; and against the
@@ -376,10 +389,30 @@ TEST_F(KvCacheToolTest, PresentFilesBesideDefaultOutput) {
     for (const char* file : {"output.npy", "present_key.npy", "present_value.npy"}) EXPECT_TRUE(fs::exists(dir_ / file)) << file;
 }
 
+// The rounding shows: a bf16 and an f16 cache give outputs that differ from the f32 cache's (and from each
+// other), within the effect of rounding K and V (relative 2^-8 / 2^-11 of the values, through attention:
+// a loose 1e-2 / 2e-3 of max|output| here).
+TEST_F(KvCacheToolTest, KvTypeChangesTheResultByTheRounding) {
+    CacheCase c{.name = "types", .Lp = 40, .Lq = 2, .lengths = {40, 17, 1}, .lengths_file = Lengths::int32};
+    make_layer(c, dir_);
+    const fs::path f32 = run_into("f32", layer_args(c));
+    c.kv_type = mha::DataType::bf16;
+    const fs::path bf16 = run_into("bf16", layer_args(c));
+    c.kv_type = mha::DataType::f16;
+    const fs::path f16 = run_into("f16", layer_args(c));
+    const auto load = [](const fs::path& d) { return mha::npy::load((d / "output.npy").string()).values; };
+    const std::vector<float> a = load(f32), b = load(bf16), h = load(f16);
+    EXPECT_NE(a, b);
+    EXPECT_NE(a, h);
+    EXPECT_NE(b, h);
+    expect_close(b, a, 1e-2);
+    expect_close(h, a, 2e-3);
+}
+
 TEST_F(KvCacheToolTest, HelpNamesTheFilesAndFlags) {
     const Result r = mha({"run", "--help"});
     EXPECT_EQ(r.exit_code, 0);
-    for (const char* s : {"--chunk", "past_key.npy", "past_value.npy", "past_lengths.npy", "present_key.npy"})
+    for (const char* s : {"--chunk", "past_key.npy", "past_value.npy", "past_lengths.npy", "present_key.npy", "--kv-type"})
         EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing in\n" << r.out;
 }
 
@@ -402,6 +435,16 @@ TEST_F(KvCacheErrors, ValidCaseRuns) {
     const Result r = mha(args());
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(fs::exists(dir_ / "present_key.npy"));
+}
+
+TEST_F(KvCacheErrors, KvTypeNeedsTheCachePathAndAKnownType) {
+    write_case();
+    fs::remove(dir_ / "past_key.npy");
+    fs::remove(dir_ / "past_value.npy");
+    fs::remove(dir_ / "past_lengths.npy");
+    expect_failure_with(args({"--kv-type", "bf16"}), {"--kv-type applies only to the KV cache path"});
+    write_case();
+    expect_failure_with(args({"--kv-type", "fp8"}), {"--kv-type", "fp8"});
 }
 
 TEST_F(KvCacheErrors, PastKvHeadsDisagreeWithKvHeads) {
@@ -569,7 +612,8 @@ protected:
         EXPECT_TRUE(j.is_object()) << r.out;
         if (!j.is_object()) return nlohmann::json::object();
         for (const char* field : {"op", "backend", "isa", "threads", "reps", "batch", "kv_seq", "seq", "embed", "heads",
-                                  "kv_heads", "head_dim", "ms_median", "ms_min", "gflops", "gbps", "weight_bytes", "cache_bytes"})
+                                  "kv_heads", "head_dim", "ms_median", "ms_min", "gflops", "gbps", "weight_bytes", "cache_bytes",
+                                  "kv_type"})
             EXPECT_TRUE(j.contains(field)) << field << " missing in " << r.out;
         EXPECT_EQ(j.value("op", ""), "decode");
         EXPECT_GT(j.value("ms_min", 0.0), 0.0);
@@ -581,7 +625,10 @@ protected:
         const double H = j.value("heads", 0.0), Hkv = j.value("kv_heads", 0.0), d = j.value("head_dim", 0.0);
         const double s = j.value("ms_median", 0.0) * 1e-3;
         const double flops = 2 * B * Lq * (E * H * d + 2 * E * Hkv * d + H * d * E) + 4 * B * H * Lq * (Lk + Lq) * d;
-        const double cache_bytes = 2 * B * Hkv * (Lk + Lq) * d * 4;
+        const std::string kv_type = j.value("kv_type", "");
+        const double element = kv_type == "f32" ? 4 : kv_type == "bf16" || kv_type == "f16" ? 2 : 0;  // bytes
+        EXPECT_GT(element, 0) << "kv_type " << kv_type;
+        const double cache_bytes = 2 * B * Hkv * (Lk + Lq) * d * element;
         EXPECT_NEAR(j.value("gflops", 0.0), flops / s / 1e9, 1e-9 * flops / s / 1e9);
         EXPECT_EQ(j.value("cache_bytes", 0.0), cache_bytes);
         const double bytes = j.value("weight_bytes", 0.0) + cache_bytes;
@@ -611,6 +658,25 @@ TEST_F(DecodeBench, SeveralNewTokensHeadDimRope) {
     EXPECT_EQ(j.value("seq", 0), 4);
     EXPECT_EQ(j.value("head_dim", 0), 16);
     EXPECT_EQ(j.value("kv_heads", 0), 1);
+}
+
+// --kv-type: "kv_type" in the JSON, and the cache counted at its element size (checked in bench()).
+TEST_F(DecodeBench, KvTypes) {
+    for (const char* type : {"f32", "bf16", "f16"})
+        for (const char* backend : {"simd", "scalar"}) {
+            SCOPED_TRACE(std::string(type) + " " + backend);
+            const nlohmann::json j = bench({"--batch", "2", "--kv-seq", "600", "--embed", "32", "--heads", "4", "--kv-heads", "2",
+                                            "--kv-type", type, "--backend", backend});
+            EXPECT_EQ(j.value("kv_type", ""), type);
+            EXPECT_EQ(j.value("cache_bytes", 0.0), 2.0 * 2 * 2 * 601 * 8 * (std::string(type) == "f32" ? 4 : 2));
+        }
+    EXPECT_EQ(bench({"--batch", "1", "--kv-seq", "8", "--embed", "16", "--heads", "2"}).value("kv_type", ""), "f32");  // default
+    const Result bad = mha({"bench", "--op", "decode", "--kv-type", "fp8"});
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("--kv-type"), std::string::npos) << bad.err;
+    const Result other_op = mha({"bench", "--op", "attention", "--kv-type", "bf16"});
+    EXPECT_NE(other_op.exit_code, 0);
+    EXPECT_NE(other_op.err.find("--kv-type does not apply to --op attention"), std::string::npos) << other_op.err;
 }
 
 TEST_F(DecodeBench, ScalarBackendAndPackedShape) {
