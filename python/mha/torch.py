@@ -102,6 +102,8 @@ class MultiheadAttention(nn.MultiheadAttention):
     load_state_dict, optimizer steps or torch.no_grad() copies bump the version). Writes through .data do not
     bump it: call refresh() after those.
 
+    mha_threads (attribute, default 0 = all cores): how many threads the library uses.
+
     Differences from torch: a query whose keys are all masked gets zero weights and the output bias (torch:
     NaN); add_bias_kv and add_zero_attn are not supported (ValueError); inference only.
     """
@@ -209,6 +211,7 @@ class MultiheadAttention(nn.MultiheadAttention):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         _check_inference(self, (query, key, value))
+        threads = self.__dict__.get("mha_threads", 0)
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -220,7 +223,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         v = None if value is key else _as_input(value, "value")
         out, w = layer.forward(q, k, v, _as_mask(key_padding_mask, "key_padding_mask"), need_weights,
                                _as_mask(attn_mask, "attn_mask"), average_attn_weights,
-                               bool(is_causal) and attn_mask is None, batch_first=self.batch_first)
+                               bool(is_causal) and attn_mask is None, batch_first=self.batch_first, threads=threads)
         return torch.from_numpy(out), (torch.from_numpy(w) if w is not None else None)
 
 

@@ -11,10 +11,12 @@ if(IS_ABSOLUTE ${SITE})
 else()
   set(site ${PREFIX}/${SITE})
 endif()
-set(script "import numpy as np, mha, os; assert mha.__file__.startswith(os.path.realpath('${site}')), mha.__file__; \
+set(script "import numpy as np, mha, os; assert os.path.realpath(mha.__file__).startswith(os.path.realpath('${site}')), mha.__file__; \
 a = mha.MultiheadAttention(16, 2); out, w = a(np.ones((1, 3, 16), np.float32)); assert out.shape == (1, 3, 16); print('ok', mha.__file__)")
+# Run from the prefix: the test's own folder (<build>/python) holds the build tree's mha/, which `python -c`
+# would import first.
 execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${site} ${PYTHON} -c "${script}"
-                RESULT_VARIABLE rc)
+                WORKING_DIRECTORY ${PREFIX} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "importing the installed package failed: ${rc}")
 endif()
