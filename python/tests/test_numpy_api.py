@@ -298,3 +298,23 @@ def test_kv_cache_token_by_token_equals_one_causal_call():
     assert cache.lengths == [2, 0]
     cache.append(1, rand(Hkv, 3, d), rand(Hkv, 3, d))
     assert cache.length(1) == 3
+
+
+def test_import_mha_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, mha; assert 'torch' not in sys.modules; print(mha.detected_isa())"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_rope_positions_per_sequence():
+    layer, w = layer_and_weights(32, 4, rope_theta=10000.0)
+    x = rand(2, 5, 32)
+    out, _ = layer(x, positions=[0, 3], is_causal=True)
+    for b, start in enumerate((0, 3)):
+        pos = np.arange(start, start + 5)
+        ref, r, _, _ = mha_reference(x[b:b + 1], x[b:b + 1], x[b:b + 1], w, 4, mask=np.triu(np.full((5, 5), -np.inf), 1),
+                                     rope_theta=10000.0, positions_q=pos, positions_k=pos)
+        assert_within(out[b:b + 1], ref, r, f"sequence {b}")
+    with pytest.raises(ValueError, match="positions has 1 entries, expected the batch size 2"):
+        layer(x, positions=[1])
