@@ -112,9 +112,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         object.__setattr__(self, "_mha_honest", True)  # torch's __init__ reads _qkv_same_embed_dim
         super().__init__(*args, **kwargs)
         self.__dict__["_mha_honest"] = False
-        why = _unsupported(self)
-        if why and "add" in why:
-            raise ValueError(why)
+        if self.bias_k is not None or self.add_zero_attn:  # dtype and device are checked when packing
+            raise ValueError(_unsupported(self))
         self._mha_init()
 
     def _mha_init(self):
