@@ -10,8 +10,9 @@ mha.MultiheadAttention on numpy arrays with the same weights, or for the Llama-l
 layer with RoPE (torch has no grouped-query nn.MultiheadAttention, so its baseline is the full-KV layer of the
 same size). Self-attention, float32 [B, L, E], need_weights=False. torch.set_num_threads(N) for torch, the
 threads option (mha_threads attribute for mha.torch) for mha.
-Timing: each round is the median of its timed calls (after two warm-up calls; as many calls as fit in about
---seconds, at least 3, at most --reps); the reported time is the median of --rounds rounds.
+Timing: after two warm-up calls each, every round times a block of calls of each of the three in turn (as
+many as fit in about --seconds, at least 3, at most --reps) and takes each block's median; the reported time
+is the median of --rounds rounds, so load changes on a shared machine hit all three alike.
 """
 import argparse
 import json
@@ -30,21 +31,43 @@ SHAPES = [  # name, B, L, E, H, Hkv, causal
 ]
 
 
-def median_time(fn, reps, rounds, seconds):
-    t0 = time.perf_counter()
-    fn()
-    once = time.perf_counter() - t0
-    fn()
-    n = int(max(3, min(reps, seconds / max(once, 1e-9))))
-    meds = []
+def median_times(fns, reps, rounds, seconds):
+    """Median seconds per call of each function. Each round times a block of calls of each function in turn
+    (a a a, b b b, c c c, then the next round), so a change in the machine's load during the run (other
+    processes) hits them alike, while one library's idle threads (OpenMP spins after a parallel region) barely
+    touch the other's block: only its first call, which the median ignores."""
+    once = []
+    for fn in fns:
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        once.append(time.perf_counter() - t0)
+    n = int(max(3, min(reps, seconds / max(sum(once), 1e-9))))
+    meds = [[] for _ in fns]
     for _ in range(rounds):
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        meds.append(statistics.median(ts))
-    return statistics.median(meds)
+        for i, fn in enumerate(fns):
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            meds[i].append(statistics.median(ts))
+    return [statistics.median(m) for m in meds]
+
+
+def blas_set_threads(n):
+    """torch.set_num_threads does not reach an OpenBLAS that torch was not built against (Debian's torch calls a
+    generic libblas.so.3, which the libopenblas0 package replaces); set its pool too. Returns the BLAS name."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libblas.so.3")
+    except OSError:
+        return "unknown"
+    if hasattr(lib, "openblas_set_num_threads"):
+        lib.openblas_set_num_threads(ctypes.c_int(n))
+        return "OpenBLAS"
+    return "reference BLAS" if not hasattr(lib, "mkl_set_num_threads") else "MKL"
 
 
 def run(shapes, threads_list, reps, rounds, seconds):
@@ -68,15 +91,16 @@ def run(shapes, threads_list, reps, rounds, seconds):
             layer = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, rope_theta=500000.0, seed=0)
         for threads in threads_list:
             torch.set_num_threads(threads)
+            blas = blas_set_threads(threads)
             fast.mha_threads = threads
             with torch.inference_mode():
-                t_torch = median_time(lambda: ref(x, x, x, attn_mask=mask, need_weights=False), reps, rounds, seconds)
-                t_fast = median_time(lambda: fast(x, x, x, attn_mask=None, need_weights=False, is_causal=causal),
-                                     reps, rounds, seconds)
-            t_np = median_time(lambda: layer(xn, is_causal=causal, threads=threads), reps, rounds, seconds)
+                t_torch, t_fast, t_np = median_times(
+                    [lambda: ref(x, x, x, attn_mask=mask, need_weights=False),
+                     lambda: fast(x, x, x, attn_mask=None, need_weights=False, is_causal=causal),
+                     lambda: layer(xn, is_causal=causal, threads=threads)], reps, rounds, seconds)
             rows.append(dict(shape=name, B=B, L=L, E=E, H=H, Hkv=Hkv, causal=causal, threads=threads,
                              torch_ms=t_torch * 1e3, mha_torch_ms=t_fast * 1e3, mha_numpy_ms=t_np * 1e3,
-                             speedup=t_torch / t_fast))
+                             speedup=t_torch / t_fast, torch_blas=blas, torch_version=torch.__version__))
     return rows
 
 
@@ -116,7 +140,7 @@ def plot(rows, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m mha.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=200, help="at most this many timed calls per round")
-    ap.add_argument("--seconds", type=float, default=0.5, help="about this long per round")
+    ap.add_argument("--seconds", type=float, default=1.0, help="about this long per round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds; the median of the rounds' medians is reported")
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all cores)")
     ap.add_argument("--out", default="results", help="folder for bench_python.json / .md / .png")
@@ -128,6 +152,8 @@ def main(argv=None):
     rows = run(shapes, threads_list, args.reps, args.rounds, args.seconds)
     os.makedirs(args.out, exist_ok=True)
     md = table(rows)
+    md += (f"\n\ntorch {rows[0]['torch_version']} with {rows[0]['torch_blas']}; mha ISA "
+           f"{__import__('mha').detected_isa()}; {ncpu} logical CPUs")
     print(md)
     with open(os.path.join(args.out, "bench_python.md"), "w") as f:
         f.write(md + "\n")
