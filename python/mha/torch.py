@@ -184,16 +184,18 @@ class MultiheadAttention(nn.MultiheadAttention):
                 self.__dict__["_mha_key"] = None
 
     def _params(self):
-        if self.__dict__.get("_mha_qkv_same", True):
-            w = (self.in_proj_weight,)
-        else:
-            w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
-        return w + (self.in_proj_bias, self.out_proj.weight, self.out_proj.bias)
+        # Read from the parameter dicts directly: nn.Module.__getattr__ would cost a microsecond per name here,
+        # on every call.
+        own = self.__dict__["_parameters"]
+        out = self.__dict__["_modules"]["out_proj"].__dict__["_parameters"]
+        return (own.get("in_proj_weight"), own.get("q_proj_weight"), own.get("k_proj_weight"),
+                own.get("v_proj_weight"), own.get("in_proj_bias"), out.get("weight"), out.get("bias"))
 
     def _layer(self):
         # Which tensors the parameters are and what was last written to them: a new Parameter object, new memory
         # (.to(), .data = ...) or an in-place write (version counter) all change the key.
-        key = tuple(None if p is None else (id(p), p.data_ptr(), p._version, p.shape) for p in self._params())
+        # (A resize in place bumps the version too.)
+        key = tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in self._params())
         layer = self._mha_layer
         if layer is not None and key == self._mha_key:
             return layer
