@@ -43,6 +43,8 @@ class MultiheadAttention(_mha.MultiheadAttention):
             out=None, cache=None) -> (output, weights or None)
 
     query [B, Lq, E] ([Lq, B, E] with batch_first=False, [Lq, E] unbatched); key / value default to query.
+    Activations are float32, or 16-bit: float16, or uint16 arrays holding bfloat16 bits (key, value and the
+    output then have the query's type; the library widens them exactly and rounds the output once).
     Masks as in torch: key_padding_mask [B, Lk], attn_mask [Lq, Lk] or [B*H, Lq, Lk]; bool or uint8
     (True = not allowed) or float32 (added to the scores). need_weights: [B, Lq, Lk] averaged over heads or
     [B, H, Lq, Lk]. A query whose keys are all masked gets zero weights and the output bias (torch: NaN).

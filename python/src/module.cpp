@@ -1,8 +1,9 @@
 // The extension module mha._mha: pybind11 bindings of MultiheadAttention, scaled_dot_product_attention and
 // KVCache on numpy arrays. Arrays are read in place as strided views whenever the library can address them
-// (float32, unit stride along the last axis, non-negative strides that are whole elements); other float32
-// layouts (F-order, negative strides) are copied once, and input_copies() counts those copies so the tests can
-// check that the common layouts are not copied. Outputs are written in place (a fresh C-order array, or `out`).
+// (unit stride along the last axis, non-negative strides that are whole elements); other layouts (F-order,
+// negative strides) are copied once, and input_copies() counts those copies so the tests can check that the
+// common layouts are not copied. Activations are float32, or 16-bit (float16, or uint16 arrays holding
+// bfloat16 bits) for the library's HalfAttentionInputs forward. Outputs are written in place (a fresh C-order array, or `out`).
 // mha::invalid_argument becomes ValueError carrying the library's message; wrong Python types or dtypes are
 // TypeError. The GIL is released while the library computes, so Python threads run forwards in parallel.
 #include <pybind11/numpy.h>
@@ -60,12 +61,13 @@ void check_rank(const py::array& a, const char* name, int lo, int hi) {
 
 // True when the library can read the array in place: whole-element, non-negative strides and contiguous rows.
 bool addressable(const py::array& a) {
-    if (reinterpret_cast<std::uintptr_t>(a.data()) % alignof(float) != 0) return false;
+    const py::ssize_t item = a.itemsize();
+    if (reinterpret_cast<std::uintptr_t>(a.data()) % static_cast<std::uintptr_t>(item) != 0) return false;
     for (py::ssize_t i = 0; i < a.ndim(); ++i) {
         if (a.shape(i) <= 1) continue;
-        if (a.strides(i) < 0 || a.strides(i) % static_cast<py::ssize_t>(sizeof(float)) != 0) return false;
+        if (a.strides(i) < 0 || a.strides(i) % item != 0) return false;
     }
-    return a.ndim() == 0 || a.shape(a.ndim() - 1) <= 1 || a.strides(a.ndim() - 1) == sizeof(float);
+    return a.ndim() == 0 || a.shape(a.ndim() - 1) <= 1 || a.strides(a.ndim() - 1) == item;
 }
 
 // A float32 input, in place when addressable, else one C-order copy (counted).
@@ -81,9 +83,25 @@ py::array float_input(py::handle h, const char* name, int lo, int hi) {
     return a;
 }
 
+// An activation array of the query's element type (float32, float16, or uint16 holding bfloat16 bits), in place
+// when addressable, else one C-order copy (counted).
+py::array activation_input(py::handle h, const char* name, int lo, int hi, const py::dtype& want) {
+    py::array a = require_ndarray(h, name);
+    if (!a.dtype().is(want)) {
+        type_error(std::string(name) + " must be " + std::string(py::str(py::dtype(want))) + " like the query, got " + dtype_name(a));
+    }
+    check_rank(a, name, lo, hi);
+    if (!addressable(a)) {
+        a = py::array::ensure(a, py::array::c_style);
+        if (!a) throw py::error_already_set();
+        ++g_input_copies;
+    }
+    return a;
+}
+
 // Element stride of axis i; a size-1 axis gets `fallback` (its stride is never used to reach an element).
 std::size_t stride_of(const py::array& a, int i, std::size_t fallback) {
-    return a.shape(i) <= 1 ? fallback : static_cast<std::size_t>(a.strides(i)) / sizeof(float);
+    return a.shape(i) <= 1 ? fallback : static_cast<std::size_t>(a.strides(i) / a.itemsize());
 }
 std::size_t dim(const py::array& a, int i) { return static_cast<std::size_t>(a.shape(i)); }
 
@@ -114,9 +132,10 @@ mha::HeadsView<T> heads_view(const py::array& a, T* data) {
 }
 
 // A writable float32 output array given by the caller: never copied, so its layout must be addressable.
-py::array out_array(py::handle h, const char* name, const std::vector<py::ssize_t>& shape) {
+py::array out_array(py::handle h, const char* name, const std::vector<py::ssize_t>& shape,
+                    const py::dtype& want = py::dtype::of<float>()) {
     py::array a = require_ndarray(h, name);
-    if (!a.dtype().is(py::dtype::of<float>())) type_error(std::string(name) + " must be float32, got " + dtype_name(a));
+    if (!a.dtype().is(want)) type_error(std::string(name) + " must be " + std::string(py::str(py::dtype(want))) + ", got " + dtype_name(a));
     if (!a.writeable()) value_error(std::string(name) + " is read-only");
     bool same = a.ndim() == static_cast<py::ssize_t>(shape.size());
     for (std::size_t i = 0; same && i < shape.size(); ++i) same = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
@@ -328,27 +347,50 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
                         const std::string& impl, py::handle out, PyKVCache* cache) {
-    const py::array q = float_input(query, "query", 2, 3);
+    // float32 activations, or 16-bit ones (float16, or uint16 arrays holding bfloat16 bits) for the library's
+    // HalfAttentionInputs forward, which widens them exactly and rounds the output to the same type.
+    const py::array q0 = require_ndarray(query, "query");
+    const py::dtype f32 = py::dtype::of<float>(), f16("float16"), u16 = py::dtype::of<std::uint16_t>();
+    const bool is_f16 = q0.dtype().is(f16), is_bf16 = q0.dtype().is(u16), half = is_f16 || is_bf16;
+    if (!half && !q0.dtype().is(f32)) {
+        type_error("query must be float32 (or float16, or uint16 holding bfloat16 bits), got " + dtype_name(q0));
+    }
+    const py::dtype dt = q0.dtype();
+    const py::array q = activation_input(query, "query", 2, 3, dt);
     const bool unbatched = q.ndim() == 2;
     // std::optional: a default-constructed py::array is not empty but a new zero-length array.
     std::optional<py::array> k, v;
     if (!key.is_none() && !key.is(query)) {
-        k = float_input(key, "key", 2, 3);
+        k = activation_input(key, "key", 2, 3, dt);
         if (k->ndim() != q.ndim()) value_error("key has " + std::to_string(k->ndim()) + " dimensions but query has " + std::to_string(q.ndim()));
     }
     if (!value.is_none() && !value.is(key.is_none() ? query : key)) {
-        v = float_input(value, "value", 2, 3);
+        v = activation_input(value, "value", 2, 3, dt);
         if (v->ndim() != q.ndim()) value_error("value has " + std::to_string(v->ndim()) + " dimensions but query has " + std::to_string(q.ndim()));
     }
     const Mask kpm = mask_input(key_padding_mask, "key_padding_mask", unbatched ? 1 : 2, unbatched ? 1 : 2);
     const Mask am = mask_input(attn_mask, "attn_mask", 2, 3);
 
     mha::AttentionInputs in;
-    in.query = batch_view(q, static_cast<const float*>(q.data()), batch_first);
-    if (k) in.key = batch_view(*k, static_cast<const float*>(k->data()), batch_first);
-    if (v) in.value = batch_view(*v, static_cast<const float*>(v->data()), batch_first);
-    in.key_padding_mask = kpm.view;
-    in.attn_mask = am.view;
+    mha::HalfAttentionInputs in16;
+    if (half) {
+        using U = const std::uint16_t;
+        in16.type = is_bf16 ? mha::DataType::bf16 : mha::DataType::f16;
+        in16.query = batch_view(q, static_cast<U*>(q.data()), batch_first);
+        if (k) in16.key = batch_view(*k, static_cast<U*>(k->data()), batch_first);
+        if (v) in16.value = batch_view(*v, static_cast<U*>(v->data()), batch_first);
+        in16.key_padding_mask = kpm.view;
+        in16.attn_mask = am.view;
+        // The shapes below are read from `in`.
+        in.query = {nullptr, in16.query.batch, in16.query.rows, in16.query.cols};
+        if (k) in.key = {nullptr, in16.key.batch, in16.key.rows, in16.key.cols};
+    } else {
+        in.query = batch_view(q, static_cast<const float*>(q.data()), batch_first);
+        if (k) in.key = batch_view(*k, static_cast<const float*>(k->data()), batch_first);
+        if (v) in.value = batch_view(*v, static_cast<const float*>(v->data()), batch_first);
+        in.key_padding_mask = kpm.view;
+        in.attn_mask = am.view;
+    }
 
     mha::ForwardOptions opt;
     opt.causal = is_causal;
@@ -371,7 +413,7 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
     opt.impl = parse_impl(impl);
 
     const std::size_t B = in.query.batch, Lq = in.query.rows, E = self.layer.embed_dim();
-    const std::size_t Lk = in.key.data ? in.key.rows : Lq;
+    const std::size_t Lk = k ? in.key.rows : Lq;
     std::vector<py::ssize_t> oshape;
     if (unbatched) {
         oshape = {static_cast<py::ssize_t>(Lq), static_cast<py::ssize_t>(E)};
@@ -382,9 +424,9 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
     }
     py::array o;
     if (out.is_none()) {
-        o = py::array_t<float>(oshape);  // assigned, not converted: py::array(array_t) would read it as a shape
+        o = py::array(dt, oshape);
     } else {
-        o = out_array(out, "out", oshape);
+        o = out_array(out, "out", oshape, dt);
     }
     py::object weights = py::none();
     float* wp = nullptr;
@@ -397,6 +439,18 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
         py::array_t<float> wa(ws);
         wp = wa.mutable_data();
         weights = std::move(wa);
+    }
+    if (half) {
+        const mha::HalfAttentionOutputs outs{batch_view(o, static_cast<std::uint16_t*>(o.mutable_data()), batch_first), wp};
+        if (cache) {
+            CacheUse use(*cache);
+            py::gil_scoped_release release;
+            self.layer.forward(in16, outs, opt, cache->cache);
+        } else {
+            py::gil_scoped_release release;
+            self.layer.forward(in16, outs, opt);
+        }
+        return py::make_tuple(o, weights);
     }
     mha::AttentionOutputs outs{batch_view(o, static_cast<float*>(o.mutable_data()), batch_first), wp};
     if (cache) {

@@ -147,7 +147,8 @@ def sentinel(shape):
 
 
 @pytest.mark.parametrize("case, exc, message", [
-    (lambda L, x: L(x.astype(np.float64)), TypeError, "query must be float32, got float64"),
+    (lambda L, x: L(x.astype(np.float64)), TypeError,
+     "query must be float32 (or float16, or uint16 holding bfloat16 bits), got float64"),
     (lambda L, x: L(x.tolist()), TypeError, "query must be a numpy.ndarray, got list"),
     (lambda L, x: L(x[None]), ValueError, "query must have 2 or 3 dimensions, got 4"),
     (lambda L, x: L(x[..., :8]), ValueError, "8"),  # wrong embedding size: the library names the sizes
@@ -318,3 +319,41 @@ def test_rope_positions_per_sequence():
         assert_within(out[b:b + 1], ref, r, f"sequence {b}")
     with pytest.raises(ValueError, match="positions has 1 entries, expected the batch size 2"):
         layer(x, positions=[1])
+
+
+def to_bf16_bits(x):
+    """float32 -> bfloat16 bits, round to nearest even (finite values)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_16_bit_activations_equal_the_widened_float32_forward(kind, batch_first):
+    """The library widens 16-bit inputs exactly, runs the float32 forward and rounds the output once: the result
+    is the float32 forward of the widened inputs, rounded (bitwise)."""
+    layer, _ = layer_and_weights(32, 4)
+    x32 = rand(2, 6, 32) if batch_first else rand(6, 2, 32)
+    kpm = np.zeros((2, 6), bool)
+    kpm[1, -1] = True
+    if kind == "f16":
+        x16 = x32.astype(np.float16)
+        wide = x16.astype(np.float32)
+        out16, w = layer(x16, key_padding_mask=kpm, batch_first=batch_first, need_weights=True)
+        assert out16.dtype == np.float16
+        ref, ref_w = layer(wide, key_padding_mask=kpm, batch_first=batch_first, need_weights=True)
+        np.testing.assert_array_equal(out16, ref.astype(np.float16))
+    else:
+        x16 = to_bf16_bits(x32)
+        wide = from_bf16_bits(x16)
+        out16, w = layer(x16, key_padding_mask=kpm, batch_first=batch_first, need_weights=True)
+        assert out16.dtype == np.uint16
+        ref, ref_w = layer(wide, key_padding_mask=kpm, batch_first=batch_first, need_weights=True)
+        np.testing.assert_array_equal(out16, to_bf16_bits(ref))
+    np.testing.assert_array_equal(w, ref_w)  # attention weights stay float32
+    with pytest.raises(TypeError, match="key must be"):
+        layer(x16, x32, x32, batch_first=batch_first)
