@@ -8,11 +8,12 @@ Columns: torch = nn.MultiheadAttention(batch_first=True).eval() under torch.infe
 same module through mha.torch.MultiheadAttention.from_torch (torch tensors in and out); mha numpy =
 mha.MultiheadAttention on numpy arrays with the same weights, or for the Llama-like row the real grouped-query
 layer with RoPE (torch has no grouped-query nn.MultiheadAttention, so its baseline is the full-KV layer of the
-same size). Self-attention, float32 [B, L, E], need_weights=False. torch.set_num_threads(N) for torch, the
+same size); mha numpy bf16 = the numpy layer with compute='bf16' (bf16 GEMM operands, fp32 accumulation: less
+accurate, for reference only). Self-attention, float32 [B, L, E], need_weights=False. torch.set_num_threads(N) for torch, the
 threads option (mha_threads attribute for mha.torch) for mha.
 Timing: after two warm-up calls each, every round times a block of calls of each of the three in turn (as
 many as fit in about --seconds, at least 3, at most --reps) and takes each block's median; the reported time
-is the median of --rounds rounds, so load changes on a shared machine hit all three alike.
+is the median of --rounds rounds, so load changes on a shared machine hit all of them alike.
 """
 import argparse
 import json
@@ -87,29 +88,35 @@ def run(shapes, threads_list, reps, rounds, seconds):
         fast = mt.MultiheadAttention.from_torch(ref)
         if Hkv == H:
             layer = mha.MultiheadAttention.from_torch(ref)
+            layer16 = mha.MultiheadAttention.from_torch(ref, compute="bf16")
         else:
             layer = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, rope_theta=500000.0, seed=0)
+            layer16 = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, rope_theta=500000.0, seed=0, compute="bf16")
         for threads in threads_list:
             torch.set_num_threads(threads)
             blas = blas_set_threads(threads)
             fast.mha_threads = threads
             with torch.inference_mode():
-                t_torch, t_fast, t_np = median_times(
+                t_torch, t_fast, t_np, t_16 = median_times(
                     [lambda: ref(x, x, x, attn_mask=mask, need_weights=False),
                      lambda: fast(x, x, x, attn_mask=None, need_weights=False, is_causal=causal),
-                     lambda: layer(xn, is_causal=causal, threads=threads)], reps, rounds, seconds)
+                     lambda: layer(xn, is_causal=causal, threads=threads),
+                     lambda: layer16(xn, is_causal=causal, threads=threads)], reps, rounds, seconds)
             rows.append(dict(shape=name, B=B, L=L, E=E, H=H, Hkv=Hkv, causal=causal, threads=threads,
                              torch_ms=t_torch * 1e3, mha_torch_ms=t_fast * 1e3, mha_numpy_ms=t_np * 1e3,
+                             mha_numpy_bf16_ms=t_16 * 1e3,
                              speedup=t_torch / t_fast, torch_blas=blas, torch_version=torch.__version__))
     return rows
 
 
 def table(rows):
-    lines = ["| shape | B | L | E | H / Hkv | threads | torch ms | mha.torch ms | speedup | mha numpy ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | B | L | E | H / Hkv | threads | torch ms | mha.torch ms | speedup | mha numpy ms | "
+             "mha numpy bf16 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['shape']} | {r['B']} | {r['L']} | {r['E']} | {r['H']} / {r['Hkv']} | {r['threads']} | "
-                     f"{r['torch_ms']:.4g} | {r['mha_torch_ms']:.4g} | {r['speedup']:.2f}x | {r['mha_numpy_ms']:.4g} |")
+                     f"{r['torch_ms']:.4g} | {r['mha_torch_ms']:.4g} | {r['speedup']:.2f}x | {r['mha_numpy_ms']:.4g} | "
+                     f"{r['mha_numpy_bf16_ms']:.4g} |")
     return "\n".join(lines)
 
 
