@@ -1,0 +1,591 @@
+// The extension module mha._mha: pybind11 bindings of MultiheadAttention, scaled_dot_product_attention and
+// KVCache on numpy arrays. Arrays are read in place as strided views whenever the library can address them
+// (unit stride along the last axis, non-negative strides that are whole elements); other layouts (F-order,
+// negative strides) are copied once, and input_copies() counts those copies so the tests can check that the
+// common layouts are not copied. Activations are float32, or 16-bit (float16, or uint16 arrays holding
+// bfloat16 bits) for the library's HalfAttentionInputs forward. Outputs are written in place (a fresh C-order array, or `out`).
+// mha::invalid_argument becomes ValueError carrying the library's message; wrong Python types or dtypes are
+// TypeError. The GIL is released while the library computes, so Python threads run forwards in parallel.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mha/mha.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+std::atomic<std::size_t> g_input_copies{0};
+
+[[noreturn]] void type_error(const std::string& msg) { throw py::type_error(msg); }
+[[noreturn]] void value_error(const std::string& msg) { throw py::value_error(msg); }
+
+std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+std::string dtype_name(const py::array& a) { return py::str(a.dtype()); }
+
+// "(2, 3)"; "(4,)" for one dimension, as numpy prints shapes.
+template <class T>
+std::string shape_string(const std::vector<T>& shape) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(shape[i]);
+    }
+    s += shape.size() == 1 ? ",)" : ")";
+    return s;
+}
+std::string shape_string(const py::array& a) {
+    return shape_string(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+}
+
+py::array require_ndarray(py::handle h, const char* name) {
+    if (!py::isinstance<py::array>(h)) type_error(std::string(name) + " must be a numpy.ndarray, got " + type_name(h));
+    return py::reinterpret_borrow<py::array>(h);
+}
+
+void check_rank(const py::array& a, const char* name, int lo, int hi) {
+    if (a.ndim() < lo || a.ndim() > hi) {
+        value_error(std::string(name) + " must have " + std::to_string(lo) + (lo == hi ? "" : " or " + std::to_string(hi)) +
+                    " dimensions, got " + std::to_string(a.ndim()) + " (shape " + shape_string(a) + ")");
+    }
+}
+
+// True when the library can read the array in place: whole-element, non-negative strides and contiguous rows.
+bool addressable(const py::array& a) {
+    const py::ssize_t item = a.itemsize();
+    if (reinterpret_cast<std::uintptr_t>(a.data()) % static_cast<std::uintptr_t>(item) != 0) return false;
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+        if (a.shape(i) <= 1) continue;
+        if (a.strides(i) < 0 || a.strides(i) % item != 0) return false;
+    }
+    return a.ndim() == 0 || a.shape(a.ndim() - 1) <= 1 || a.strides(a.ndim() - 1) == item;
+}
+
+// A float32 input, in place when addressable, else one C-order copy (counted).
+py::array float_input(py::handle h, const char* name, int lo, int hi) {
+    py::array a = require_ndarray(h, name);
+    if (!a.dtype().is(py::dtype::of<float>())) type_error(std::string(name) + " must be float32, got " + dtype_name(a));
+    check_rank(a, name, lo, hi);
+    if (!addressable(a)) {
+        a = py::array_t<float, py::array::c_style>::ensure(a);
+        if (!a) throw py::error_already_set();
+        ++g_input_copies;
+    }
+    return a;
+}
+
+// An activation array of the query's element type (float32, float16, or uint16 holding bfloat16 bits), in place
+// when addressable, else one C-order copy (counted).
+py::array activation_input(py::handle h, const char* name, int lo, int hi, const py::dtype& want) {
+    py::array a = require_ndarray(h, name);
+    if (!a.dtype().is(want)) {
+        type_error(std::string(name) + " must be " + std::string(py::str(py::dtype(want))) + " like the query, got " + dtype_name(a));
+    }
+    check_rank(a, name, lo, hi);
+    if (!addressable(a)) {
+        a = py::array::ensure(a, py::array::c_style);
+        if (!a) throw py::error_already_set();
+        ++g_input_copies;
+    }
+    return a;
+}
+
+// Element stride of axis i; a size-1 axis gets `fallback` (its stride is never used to reach an element).
+std::size_t stride_of(const py::array& a, int i, std::size_t fallback) {
+    return a.shape(i) <= 1 ? fallback : static_cast<std::size_t>(a.strides(i) / a.itemsize());
+}
+std::size_t dim(const py::array& a, int i) { return static_cast<std::size_t>(a.shape(i)); }
+
+// A [B, L, C] view of a rank-3 array in batch-first ([B, L, C]) or sequence-first ([L, B, C]) order, or of a
+// rank-2 unbatched [L, C] array (B = 1).
+template <class T>
+mha::BatchView<T> batch_view(const py::array& a, T* data, bool batch_first) {
+    if (a.ndim() == 2) {
+        const std::size_t rows = dim(a, 0), cols = dim(a, 1);
+        const std::size_t rs = stride_of(a, 0, cols);
+        return {data, 1, rows, cols, rs, rows * rs};
+    }
+    const int bax = batch_first ? 0 : 1, lax = batch_first ? 1 : 0;
+    const std::size_t batch = dim(a, bax), rows = dim(a, lax), cols = dim(a, 2);
+    std::size_t rs = stride_of(a, lax, 0), bs = stride_of(a, bax, 0);
+    // Size-1 axes: strides that keep rows apart, as the output check wants.
+    if (rs == 0) rs = (batch > 1 && bs == cols) ? cols * batch : cols;
+    if (bs == 0) bs = rows * rs;
+    return {data, batch, rows, cols, rs, bs};
+}
+
+// A 4-D [B, H, L, d] view.
+template <class T>
+mha::HeadsView<T> heads_view(const py::array& a, T* data) {
+    const std::size_t d = dim(a, 3), l = dim(a, 2), h = dim(a, 1);
+    const std::size_t rs = stride_of(a, 2, d), hs = stride_of(a, 1, l * rs), bs = stride_of(a, 0, h * hs);
+    return {data, dim(a, 0), h, l, d, bs, hs, rs};
+}
+
+// A writable float32 output array given by the caller: never copied, so its layout must be addressable.
+py::array out_array(py::handle h, const char* name, const std::vector<py::ssize_t>& shape,
+                    const py::dtype& want = py::dtype::of<float>()) {
+    py::array a = require_ndarray(h, name);
+    if (!a.dtype().is(want)) type_error(std::string(name) + " must be " + std::string(py::str(py::dtype(want))) + ", got " + dtype_name(a));
+    if (!a.writeable()) value_error(std::string(name) + " is read-only");
+    bool same = a.ndim() == static_cast<py::ssize_t>(shape.size());
+    for (std::size_t i = 0; same && i < shape.size(); ++i) same = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
+    if (!same) value_error(std::string(name) + " has shape " + shape_string(a) + ", expected " + shape_string(shape));
+    if (!addressable(a)) {
+        value_error(std::string(name) + " must have non-negative strides and a contiguous last axis (it is written "
+                                        "in place, never copied)");
+    }
+    return a;
+}
+
+// A mask: bool or uint8 (nonzero = masked) read in place as bytes, or float32 added to the scores.
+// The library reads masks contiguous: other layouts are copied (counted).
+struct Mask {
+    py::object array;  // keeps the data alive (py::object: a default py::array would allocate one)
+    mha::MaskView view;
+};
+
+Mask mask_input(py::handle h, const char* name, int lo, int hi) {
+    Mask m;
+    if (h.is_none()) return m;
+    py::array a = require_ndarray(h, name);
+    check_rank(a, name, lo, hi);
+    const bool is_bool = a.dtype().is(py::dtype::of<bool>()) || a.dtype().is(py::dtype::of<std::uint8_t>());
+    const bool is_float = a.dtype().is(py::dtype::of<float>());
+    if (!is_bool && !is_float) type_error(std::string(name) + " must be bool, uint8 or float32, got " + dtype_name(a));
+    if (!(a.flags() & py::array::c_style)) {
+        a = is_float ? py::array(py::array_t<float, py::array::c_style>::ensure(a))
+                     : py::array(py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(a));
+        if (!a) throw py::error_already_set();
+        ++g_input_copies;
+    }
+    // Rank 1 (an unbatched key_padding_mask [Lk]) is a [1, Lk] mask.
+    std::size_t s[3] = {1, 1, 1};
+    const int rank = a.ndim() == 1 ? 2 : static_cast<int>(a.ndim());
+    if (a.ndim() == 1) {
+        s[1] = dim(a, 0);
+    } else {
+        for (int i = 0; i < rank; ++i) s[i] = dim(a, i);
+    }
+    if (is_float) {
+        const auto* p = static_cast<const float*>(a.data());
+        m.view = rank == 2 ? mha::MaskView::additive(p, s[0], s[1]) : mha::MaskView::additive(p, s[0], s[1], s[2]);
+    } else {
+        const auto* p = static_cast<const std::uint8_t*>(a.data());
+        m.view = rank == 2 ? mha::MaskView::boolean(p, s[0], s[1]) : mha::MaskView::boolean(p, s[0], s[1], s[2]);
+    }
+    m.array = std::move(a);
+    return m;
+}
+
+mha::Backend parse_backend(const std::string& s) {
+    if (s == "simd") return mha::Backend::simd;
+    if (s == "scalar") return mha::Backend::scalar;
+    value_error("backend must be 'simd' or 'scalar', got '" + s + "'");
+}
+mha::Impl parse_impl(const std::string& s) {
+    if (s == "auto") return mha::Impl::automatic;
+    if (s == "materialized") return mha::Impl::materialized;
+    if (s == "fused") return mha::Impl::fused;
+    value_error("impl must be 'auto', 'materialized' or 'fused', got '" + s + "'");
+}
+mha::CausalAlignment parse_alignment(const std::string& s) {
+    if (s == "top_left") return mha::CausalAlignment::top_left;
+    if (s == "bottom_right") return mha::CausalAlignment::bottom_right;
+    value_error("causal_alignment must be 'top_left' or 'bottom_right', got '" + s + "'");
+}
+mha::DataType parse_compute(const std::string& s) {
+    if (s == "f32") return mha::DataType::f32;
+    if (s == "bf16") return mha::DataType::bf16;
+    value_error("compute must be 'f32' or 'bf16', got '" + s + "'");
+}
+int parse_threads(int threads) {
+    if (threads < 0) value_error("threads must be >= 0 (0: all cores), got " + std::to_string(threads));
+    return threads;
+}
+
+// ---- KVCache ---------------------------------------------------------------------------------------------
+// The cache plus a flag that refuses a second concurrent user (the library's cache is not synchronized, and
+// with the GIL released two Python threads could otherwise reach it at once).
+struct PyKVCache {
+    mha::KVCache cache;
+    std::atomic<bool> busy{false};
+
+    PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap) : cache(b, h, d, cap) {}
+};
+
+class CacheUse {
+public:
+    explicit CacheUse(PyKVCache& c) : c_(c) {
+        if (c_.busy.exchange(true)) value_error("the KVCache is in use by another call (one call at a time)");
+    }
+    ~CacheUse() { c_.busy.store(false); }
+    CacheUse(const CacheUse&) = delete;
+    CacheUse& operator=(const CacheUse&) = delete;
+
+private:
+    PyKVCache& c_;
+};
+
+// A read-only [B, Hkv, capacity, d] numpy view of the cache's keys or values that keeps the cache alive.
+py::array cache_view(py::object self, bool keys) {
+    auto& c = self.cast<PyKVCache&>();
+    const mha::ConstHeads h = keys ? c.cache.keys() : c.cache.values();
+    const py::ssize_t f = sizeof(float);
+    py::array a(py::dtype::of<float>(),
+                {static_cast<py::ssize_t>(h.batch), static_cast<py::ssize_t>(h.heads), static_cast<py::ssize_t>(h.rows),
+                 static_cast<py::ssize_t>(h.dim)},
+                {static_cast<py::ssize_t>(h.batch_stride) * f, static_cast<py::ssize_t>(h.head_stride) * f,
+                 static_cast<py::ssize_t>(h.row_stride) * f, f},
+                h.data, self);
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    return a;
+}
+
+// ---- MultiheadAttention ----------------------------------------------------------------------------------
+struct PyLayer {
+    mha::MultiheadAttention layer;
+    std::size_t heads;  // H, for the shape of per-head weights
+};
+
+const float* weight_ptr(py::handle h, const char* name, std::vector<std::size_t> shape, std::vector<py::array>& keep) {
+    if (h.is_none()) return nullptr;
+    // Weights are packed (copied) by the constructor anyway: any real dtype is accepted and converted.
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(h);
+    if (!a) {
+        PyErr_Clear();
+        type_error(std::string(name) + " must be an array of numbers, got " + type_name(h));
+    }
+    bool same = a.ndim() == static_cast<py::ssize_t>(shape.size());
+    for (std::size_t i = 0; same && i < shape.size(); ++i) same = dim(a, static_cast<int>(i)) == shape[i];
+    if (!same) value_error(std::string(name) + " has shape " + shape_string(a) + ", expected " + shape_string(shape));
+    keep.push_back(a);
+    return a.data();
+}
+
+std::unique_ptr<PyLayer> make_layer(std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim,
+                                    std::size_t vdim, std::optional<float> rope_theta, std::size_t rope_dims,
+                                    const std::string& rope_style, const std::string& compute, const py::dict& w) {
+    mha::AttentionConfig cfg;
+    cfg.embed_dim = E;
+    cfg.num_heads = H;
+    cfg.num_kv_heads = Hkv;
+    cfg.head_dim = d;
+    cfg.kdim = kdim;
+    cfg.vdim = vdim;
+    cfg.compute = parse_compute(compute);
+    if (rope_theta) {
+        mha::RopeStyle style = mha::RopeStyle::half;
+        if (rope_style == "interleaved") {
+            style = mha::RopeStyle::interleaved;
+        } else if (rope_style != "half") {
+            value_error("rope_style must be 'half' or 'interleaved', got '" + rope_style + "'");
+        }
+        cfg.rope = mha::RopeConfig{*rope_theta, rope_dims, style};
+    } else if (rope_dims != 0 || rope_style != "half") {
+        value_error("rope_dims and rope_style need rope_theta");
+    }
+    // Shapes to check the arrays against (the library takes bare pointers); the library checks the rest.
+    if (E == 0 || H == 0) value_error("embed_dim and num_heads must be positive");
+    const std::size_t hkv = Hkv ? Hkv : H;
+    if (d == 0 && E % H != 0) {
+        value_error("embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H) +
+                    " (give head_dim)");
+    }
+    const std::size_t hd = d ? d : E / H, qd = H * hd, kvd = hkv * hd;
+    const std::size_t kd = kdim ? kdim : E, vd = vdim ? vdim : E;
+    auto get = [&](const char* key) -> py::handle { return w.contains(key) ? py::handle(w[key]) : py::handle(py::none()); };
+
+    std::vector<py::array> keep;
+    mha::AttentionWeights aw;
+    aw.in_proj_weight = weight_ptr(get("in_proj_weight"), "in_proj_weight", {qd + 2 * kvd, E}, keep);
+    aw.in_proj_bias = weight_ptr(get("in_proj_bias"), "in_proj_bias", {qd + 2 * kvd}, keep);
+    aw.out_proj_weight = weight_ptr(get("out_proj_weight"), "out_proj_weight", {E, qd}, keep);
+    aw.out_proj_bias = weight_ptr(get("out_proj_bias"), "out_proj_bias", {E}, keep);
+    aw.q_proj_weight = weight_ptr(get("q_proj_weight"), "q_proj_weight", {qd, E}, keep);
+    aw.k_proj_weight = weight_ptr(get("k_proj_weight"), "k_proj_weight", {kvd, kd}, keep);
+    aw.v_proj_weight = weight_ptr(get("v_proj_weight"), "v_proj_weight", {kvd, vd}, keep);
+    aw.q_proj_bias = weight_ptr(get("q_proj_bias"), "q_proj_bias", {qd}, keep);
+    aw.k_proj_bias = weight_ptr(get("k_proj_bias"), "k_proj_bias", {kvd}, keep);
+    aw.v_proj_bias = weight_ptr(get("v_proj_bias"), "v_proj_bias", {kvd}, keep);
+    aw.norm_weight = weight_ptr(get("norm_weight"), "norm_weight", {E}, keep);
+    aw.norm_bias = weight_ptr(get("norm_bias"), "norm_bias", {E}, keep);
+    for (auto item : w) {
+        static const char* known[] = {"in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias",
+                                      "q_proj_weight",  "k_proj_weight", "v_proj_weight",   "q_proj_bias",
+                                      "k_proj_bias",    "v_proj_bias",   "norm_weight",     "norm_bias"};
+        const std::string key = py::str(item.first);
+        bool found = false;
+        for (const char* k : known) found = found || key == k;
+        if (!found) type_error("unknown weight '" + key + "'");
+    }
+    py::gil_scoped_release release;  // packing large weights takes a while
+    return std::unique_ptr<PyLayer>(new PyLayer{mha::MultiheadAttention(aw, cfg), H});
+}
+
+std::vector<std::size_t> positions_of(py::handle h) {
+    std::vector<std::size_t> out;
+    for (auto item : py::iter(h)) {
+        const long long v = py::cast<long long>(item);
+        if (v < 0) value_error("positions must be >= 0, got " + std::to_string(v));
+        out.push_back(static_cast<std::size_t>(v));
+    }
+    return out;
+}
+
+py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
+                        bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
+                        bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
+                        py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
+                        const std::string& impl, py::handle out, PyKVCache* cache) {
+    // float32 activations, or 16-bit ones (float16, or uint16 arrays holding bfloat16 bits) for the library's
+    // HalfAttentionInputs forward, which widens them exactly and rounds the output to the same type.
+    const py::array q0 = require_ndarray(query, "query");
+    const py::dtype f32 = py::dtype::of<float>(), f16("float16"), u16 = py::dtype::of<std::uint16_t>();
+    const bool is_f16 = q0.dtype().is(f16), is_bf16 = q0.dtype().is(u16), half = is_f16 || is_bf16;
+    if (!half && !q0.dtype().is(f32)) {
+        type_error("query must be float32 (or float16, or uint16 holding bfloat16 bits), got " + dtype_name(q0));
+    }
+    const py::dtype dt = q0.dtype();
+    const py::array q = activation_input(query, "query", 2, 3, dt);
+    const bool unbatched = q.ndim() == 2;
+    // std::optional: a default-constructed py::array is not empty but a new zero-length array.
+    std::optional<py::array> k, v;
+    if (!key.is_none() && !key.is(query)) {
+        k = activation_input(key, "key", 2, 3, dt);
+        if (k->ndim() != q.ndim()) value_error("key has " + std::to_string(k->ndim()) + " dimensions but query has " + std::to_string(q.ndim()));
+    }
+    if (!value.is_none() && !value.is(key.is_none() ? query : key)) {
+        v = activation_input(value, "value", 2, 3, dt);
+        if (v->ndim() != q.ndim()) value_error("value has " + std::to_string(v->ndim()) + " dimensions but query has " + std::to_string(q.ndim()));
+    }
+    const Mask kpm = mask_input(key_padding_mask, "key_padding_mask", unbatched ? 1 : 2, unbatched ? 1 : 2);
+    const Mask am = mask_input(attn_mask, "attn_mask", 2, 3);
+
+    mha::AttentionInputs in;
+    mha::HalfAttentionInputs in16;
+    if (half) {
+        using U = const std::uint16_t;
+        in16.type = is_bf16 ? mha::DataType::bf16 : mha::DataType::f16;
+        in16.query = batch_view(q, static_cast<U*>(q.data()), batch_first);
+        if (k) in16.key = batch_view(*k, static_cast<U*>(k->data()), batch_first);
+        if (v) in16.value = batch_view(*v, static_cast<U*>(v->data()), batch_first);
+        in16.key_padding_mask = kpm.view;
+        in16.attn_mask = am.view;
+        // The shapes below are read from `in`.
+        in.query = {nullptr, in16.query.batch, in16.query.rows, in16.query.cols};
+        if (k) in.key = {nullptr, in16.key.batch, in16.key.rows, in16.key.cols};
+    } else {
+        in.query = batch_view(q, static_cast<const float*>(q.data()), batch_first);
+        if (k) in.key = batch_view(*k, static_cast<const float*>(k->data()), batch_first);
+        if (v) in.value = batch_view(*v, static_cast<const float*>(v->data()), batch_first);
+        in.key_padding_mask = kpm.view;
+        in.attn_mask = am.view;
+    }
+
+    mha::ForwardOptions opt;
+    opt.causal = is_causal;
+    opt.causal_alignment = parse_alignment(causal_alignment);
+    opt.position_offset = position_offset;
+    std::vector<std::size_t> pos;
+    if (!positions.is_none()) {
+        pos = positions_of(positions);
+        if (pos.size() != in.query.batch) {
+            value_error("positions has " + std::to_string(pos.size()) + " entries, expected the batch size " +
+                        std::to_string(in.query.batch));
+        }
+        opt.positions = pos.data();
+    }
+    opt.need_weights = need_weights ? (average_attn_weights ? mha::NeedWeights::averaged : mha::NeedWeights::per_head)
+                                    : mha::NeedWeights::none;
+    opt.norm_eps = norm_eps;
+    opt.threads = parse_threads(threads);
+    opt.backend = parse_backend(backend);
+    opt.impl = parse_impl(impl);
+
+    const std::size_t B = in.query.batch, Lq = in.query.rows, E = self.layer.embed_dim();
+    const std::size_t Lk = k ? in.key.rows : Lq;
+    std::vector<py::ssize_t> oshape;
+    if (unbatched) {
+        oshape = {static_cast<py::ssize_t>(Lq), static_cast<py::ssize_t>(E)};
+    } else if (batch_first) {
+        oshape = {static_cast<py::ssize_t>(B), static_cast<py::ssize_t>(Lq), static_cast<py::ssize_t>(E)};
+    } else {
+        oshape = {static_cast<py::ssize_t>(Lq), static_cast<py::ssize_t>(B), static_cast<py::ssize_t>(E)};
+    }
+    py::array o;
+    if (out.is_none()) {
+        o = py::array(dt, oshape);
+    } else {
+        o = out_array(out, "out", oshape, dt);
+    }
+    py::object weights = py::none();
+    float* wp = nullptr;
+    if (need_weights) {
+        std::vector<py::ssize_t> ws;
+        if (!unbatched) ws.push_back(static_cast<py::ssize_t>(B));
+        if (!average_attn_weights) ws.push_back(static_cast<py::ssize_t>(self.heads));
+        ws.push_back(static_cast<py::ssize_t>(Lq));
+        ws.push_back(static_cast<py::ssize_t>(Lk));
+        py::array_t<float> wa(ws);
+        wp = wa.mutable_data();
+        weights = std::move(wa);
+    }
+    if (half) {
+        const mha::HalfAttentionOutputs outs{batch_view(o, static_cast<std::uint16_t*>(o.mutable_data()), batch_first), wp};
+        if (cache) {
+            CacheUse use(*cache);
+            py::gil_scoped_release release;
+            self.layer.forward(in16, outs, opt, cache->cache);
+        } else {
+            py::gil_scoped_release release;
+            self.layer.forward(in16, outs, opt);
+        }
+        return py::make_tuple(o, weights);
+    }
+    mha::AttentionOutputs outs{batch_view(o, static_cast<float*>(o.mutable_data()), batch_first), wp};
+    if (cache) {
+        CacheUse use(*cache);
+        py::gil_scoped_release release;
+        self.layer.forward(in, outs, opt, cache->cache);
+    } else {
+        py::gil_scoped_release release;
+        self.layer.forward(in, outs, opt);
+    }
+    return py::make_tuple(o, weights);
+}
+
+// ---- scaled_dot_product_attention on [B, H, L, d] arrays (the Python wrapper maps PyTorch's conventions) ----
+py::array sdpa(py::handle query, py::handle key, py::handle value, py::handle key_padding_mask, py::handle attn_mask,
+               bool is_causal, const std::string& causal_alignment, std::optional<float> scale, int threads,
+               const std::string& backend, const std::string& impl, py::handle out) {
+    const py::array q = float_input(query, "query", 4, 4), k = float_input(key, "key", 4, 4),
+                    v = float_input(value, "value", 4, 4);
+    const Mask kpm = mask_input(key_padding_mask, "key_padding_mask", 2, 2);
+    const Mask am = mask_input(attn_mask, "attn_mask", 2, 3);
+    mha::SdpaInputs in{heads_view(q, static_cast<const float*>(q.data())), heads_view(k, static_cast<const float*>(k.data())),
+                       heads_view(v, static_cast<const float*>(v.data())), kpm.view, am.view};
+    mha::SdpaOptions opt;
+    opt.causal = is_causal;
+    opt.causal_alignment = parse_alignment(causal_alignment);
+    opt.scale = scale;
+    opt.threads = parse_threads(threads);
+    opt.backend = parse_backend(backend);
+    opt.impl = parse_impl(impl);
+    const std::vector<py::ssize_t> oshape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+    py::array o;
+    if (out.is_none()) {
+        o = py::array_t<float>(oshape);  // assigned, not converted: py::array(array_t) would read it as a shape
+    } else {
+        o = out_array(out, "out", oshape);
+    }
+    const mha::Heads ov = heads_view(o, static_cast<float*>(o.mutable_data()));
+    py::gil_scoped_release release;
+    mha::scaled_dot_product_attention(in, ov, opt);
+    return o;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_mha, m) {
+    m.doc() = "Multi-head attention on CPUs (the C++ library mha): numpy bindings. Use the package mha.";
+    // pybind11 maps std::invalid_argument to ValueError already; registered explicitly so the mapping is part of
+    // this module's contract rather than a pybind11 default.
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const mha::invalid_argument& e) {
+            PyErr_SetString(PyExc_ValueError, e.what());
+        }
+    });
+
+    m.def("input_copies", [] { return g_input_copies.load(); },
+          "How many input arrays were copied because their layout could not be read in place (for tests).");
+    m.def("detected_isa", [] { return std::string(mha::isa_name(mha::active_isa())); });
+
+    py::class_<PyLayer> layer_cls(m, "MultiheadAttention", py::dynamic_attr());
+    layer_cls
+        .def(py::init([](std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim, std::size_t vdim,
+                         std::optional<float> rope_theta, std::size_t rope_dims, const std::string& rope_style,
+                         const std::string& compute, const py::dict& weights) {
+                 return make_layer(E, H, Hkv, d, kdim, vdim, rope_theta, rope_dims, rope_style, compute, weights);
+             }),
+             py::arg("embed_dim"), py::arg("num_heads"), py::kw_only(), py::arg("num_kv_heads") = 0, py::arg("head_dim") = 0,
+             py::arg("kdim") = 0, py::arg("vdim") = 0, py::arg("rope_theta") = py::none(), py::arg("rope_dims") = 0,
+             py::arg("rope_style") = "half", py::arg("compute") = "f32", py::arg("weights") = py::dict())
+        .def_property_readonly("embed_dim", [](const PyLayer& s) { return s.layer.embed_dim(); })
+        .def_property_readonly("num_heads", [](const PyLayer& s) { return s.layer.num_heads(); })
+        .def_property_readonly("num_kv_heads", [](const PyLayer& s) { return s.layer.num_kv_heads(); })
+        .def_property_readonly("head_dim", [](const PyLayer& s) { return s.layer.head_dim(); })
+        .def_property_readonly("kdim", [](const PyLayer& s) { return s.layer.kdim(); })
+        .def_property_readonly("vdim", [](const PyLayer& s) { return s.layer.vdim(); })
+        .def_property_readonly("weight_bytes", [](const PyLayer& s) { return s.layer.weight_bytes(); });
+
+    const auto fwd = [](const PyLayer& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
+                        bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
+                        bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
+                        py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
+                        const std::string& impl, py::handle out, PyKVCache* cache) {
+        return layer_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                             is_causal, batch_first, causal_alignment, position_offset, positions, norm_eps, threads,
+                             backend, impl, out, cache);
+    };
+    const char* fwd_doc =
+        "forward(query, key=None, value=None, key_padding_mask=None, need_weights=False, attn_mask=None,\n"
+        "        average_attn_weights=True, is_causal=False, *, batch_first=True, causal_alignment='top_left',\n"
+        "        position_offset=0, positions=None, norm_eps=None, threads=0, backend='simd', impl='auto', out=None,\n"
+        "        cache=None) -> (output, weights or None)";
+    for (const char* name : {"forward", "__call__"}) {
+        layer_cls.def(name, fwd, fwd_doc, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
+                      py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = false,
+                      py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
+                      py::arg("is_causal") = false, py::kw_only(), py::arg("batch_first") = true,
+                      py::arg("causal_alignment") = "top_left", py::arg("position_offset") = 0,
+                      py::arg("positions") = py::none(), py::arg("norm_eps") = py::none(), py::arg("threads") = 0,
+                      py::arg("backend") = "simd", py::arg("impl") = "auto", py::arg("out") = py::none(),
+                      py::arg("cache") = py::none());
+    }
+
+    m.def("_sdpa", &sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask"),
+          py::arg("attn_mask"), py::arg("is_causal"), py::arg("causal_alignment"), py::arg("scale"), py::arg("threads"),
+          py::arg("backend"), py::arg("impl"), py::arg("out"));
+
+    py::class_<PyKVCache>(m, "KVCache")
+        .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), py::arg("batch"), py::arg("kv_heads"),
+             py::arg("head_dim"), py::arg("capacity"))
+        .def_property_readonly("batch", [](const PyKVCache& c) { return c.cache.batch(); })
+        .def_property_readonly("kv_heads", [](const PyKVCache& c) { return c.cache.kv_heads(); })
+        .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.cache.head_dim(); })
+        .def_property_readonly("capacity", [](const PyKVCache& c) { return c.cache.capacity(); })
+        .def_property_readonly("nbytes", [](const PyKVCache& c) { return c.cache.bytes(); })
+        .def_property_readonly("lengths", [](const PyKVCache& c) { return c.cache.lengths(); })
+        .def("length", [](const PyKVCache& c, std::size_t b) { return c.cache.length(b); }, py::arg("b"))
+        .def("reset", [](PyKVCache& c, std::size_t b) { CacheUse u(c); c.cache.reset(b); }, py::arg("b"))
+        .def("truncate", [](PyKVCache& c, std::size_t b, std::size_t n) { CacheUse u(c); c.cache.truncate(b, n); },
+             py::arg("b"), py::arg("n"))
+        .def("append",
+             [](PyKVCache& c, std::size_t b, py::handle key, py::handle value) {
+                 // [Hkv, n, d] or [1, Hkv, n, d] (Hugging Face's past_key_values of one sequence).
+                 py::array k = float_input(key, "key", 3, 4), v = float_input(value, "value", 3, 4);
+                 if (k.ndim() == 3) k = k[py::make_tuple(py::none())];
+                 if (v.ndim() == 3) v = v[py::make_tuple(py::none())];
+                 const mha::ConstHeads kh = heads_view(k, static_cast<const float*>(k.data()));
+                 const mha::ConstHeads vh = heads_view(v, static_cast<const float*>(v.data()));
+                 CacheUse u(c);
+                 c.cache.append(b, kh, vh);
+             },
+             py::arg("b"), py::arg("key"), py::arg("value"))
+        .def("keys", [](py::object self) { return cache_view(std::move(self), true); },
+             "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.")
+        .def("values", [](py::object self) { return cache_view(std::move(self), false); },
+             "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.");
+}
