@@ -214,4 +214,41 @@ TEST_F(SimdGemmBf16, PackedMatrixSegmentsAndUnpack) {
     }
 }
 
+// The public mha::gemm_bf16: every transpose, on every ISA this CPU has (the fallback below avx512_bf16 runs the
+// fp32 GEMM on the rounded operands) and on the scalar backend, against the double product of the rounded values.
+TEST(PublicGemmBf16, EveryTransposeIsaAndBackend) {
+    const std::size_t m = 19, n = 45, k = 70;
+    const auto a = random_floats(m * k, 21), b = random_floats(n * k, 22), c0 = random_floats(m * n, 23);
+    const mha::Isa saved = mha::active_isa();
+    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512, mha::Isa::avx512_bf16}) {
+        if (isa > mha::detected_isa()) continue;
+        mha::set_isa_cap(isa);
+        for (mha::Backend backend : {mha::Backend::simd, mha::Backend::scalar})
+            for (Trans ta : {Trans::no, Trans::yes})
+                for (Trans tb : {Trans::no, Trans::yes}) {
+                    SCOPED_TRACE(std::string(mha::isa_name(isa)) + (backend == mha::Backend::scalar ? " scalar" : " simd") +
+                                 (ta == Trans::yes ? " Aᵀ" : " A") + (tb == Trans::yes ? " Bᵀ" : " B"));
+                    // a and b hold op(A) [m, k] and op(B) [k, n] stored as the transposes say.
+                    auto at = [&](std::size_t i, std::size_t p) { return ta == Trans::no ? a[i * k + p] : a[p * m + i]; };
+                    auto bt = [&](std::size_t p, std::size_t j) { return tb == Trans::no ? b[p * n + j] : b[j * k + p]; };
+                    const ConstMatrix av = ta == Trans::no ? ConstMatrix(a.data(), m, k) : ConstMatrix(a.data(), k, m);
+                    const ConstMatrix bv = tb == Trans::no ? ConstMatrix(b.data(), k, n) : ConstMatrix(b.data(), n, k);
+                    std::vector<float> c = c0;
+                    mha::gemm_bf16(0.5f, av, ta, bv, tb, 2.0f, Matrix(c.data(), m, n), backend);
+                    for (std::size_t i = 0; i < m; ++i)
+                        for (std::size_t j = 0; j < n; ++j) {
+                            double s = 0.0;
+                            for (std::size_t p = 0; p < k; ++p) s += double(mha::round_to_bf16(at(i, p))) * mha::round_to_bf16(bt(p, j));
+                            const double want = 0.5 * s + 2.0 * c0[i * n + j];
+                            ASSERT_NEAR(c[i * n + j], want, 2.0 * kEps * (0.5 * double(k) + 2.0)) << i << ", " << j;
+                        }
+                }
+    }
+    mha::set_isa_cap(saved);
+    std::vector<float> c(m * n);
+    EXPECT_THROW(mha::gemm_bf16(1.0f, ConstMatrix(a.data(), m, k), Trans::no, ConstMatrix(b.data(), n, k + 1), Trans::yes, 0.0f,
+                                Matrix(c.data(), m, n)),
+                 mha::invalid_argument);
+}
+
 }  // namespace

@@ -19,6 +19,13 @@ enum class Trans { no, yes };         // op(X) = X or Xᵀ
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
           Backend backend = Backend::simd);
 
+// The same with op(A) and op(B) rounded to bfloat16 (nearest even, mha/half.hpp) and fp32 accumulation: on the
+// vdpbf16ps kernels where the CPU has AVX512_BF16 (Isa::avx512_bf16), otherwise the fp32 GEMM on the rounded
+// values (the same products, not faster); Backend::scalar: the reference on the rounded values. op(B) is
+// packed into bf16 panels per call (the layer packs its weights once): scratch leased from the scratch cache.
+void gemm_bf16(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
+               Backend backend = Backend::simd);
+
 // Row softmax in place: x[i, :] = softmax(scale · x[i, :] + mask[i, :]).
 //   mask: additive, same rows and cols as x (data == nullptr: no mask). -inf entries drop that column.
 //   Numerically stable (the row max is subtracted). A row whose entries are all -inf becomes zeros.

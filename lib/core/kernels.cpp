@@ -2,7 +2,10 @@
 #include <cmath>
 
 #include "../reference/reference.hpp"
+#include "../simd/gemm_bf16.hpp"
+#include "../simd/round_bf16.hpp"
 #include "../simd/simd.hpp"
+#include "scratch.hpp"
 #include "mha/kernels.hpp"
 #include "validate.hpp"
 
@@ -12,7 +15,9 @@ using detail::check_matrix;
 using detail::fail;
 using detail::shape_str;
 
-void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c, Backend backend) {
+namespace {
+
+void check_gemm(ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, Matrix c) {
     check_matrix("A", a);
     check_matrix("B", b);
     check_matrix("C", c);
@@ -23,10 +28,54 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
     if (c.rows != m || c.cols != n)
         fail("C is " + shape_str(c.rows, c.cols) + " but op(A)·op(B) is " + shape_str(m, n));
     if (detail::overlaps(a, c) || detail::overlaps(b, c)) fail("C overlaps A or B");
+}
+
+// A row-major copy of x rounded to bfloat16 (transposed when t == yes) at dst.
+ConstMatrix rounded_copy(ConstMatrix x, Trans t, float* dst) {
+    const std::size_t rows = t == Trans::no ? x.rows : x.cols, cols = t == Trans::no ? x.cols : x.rows;
+    for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) dst[i * cols + j] = t == Trans::no ? x(i, j) : x(j, i);
+    simd::round_to_bf16_inplace(dst, rows * cols);
+    return {dst, rows, cols, cols};
+}
+
+}  // namespace
+
+void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c, Backend backend) {
+    check_gemm(a, ta, b, tb, c);
     if (backend == Backend::scalar)
         reference::gemm(alpha, a, ta, b, tb, beta, c);
     else
         simd::gemm(alpha, a, ta, b, tb, beta, c);
+}
+
+void gemm_bf16(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c, Backend backend) {
+    check_gemm(a, ta, b, tb, c);
+    const std::size_t m = c.rows, n = c.cols, k = ta == Trans::no ? a.cols : a.rows;
+    if (backend == Backend::simd && simd::bf16_kernels_available()) {
+        // op(A) in place unless transposed (the kernel rounds it while packing); op(B) into bf16 panels.
+        const std::size_t a_floats = ta == Trans::yes ? m * k : 0, stride = simd::Bf16Panels::min_panel_stride(k);
+        const std::size_t panel_elems = simd::Bf16Panels::elements(n, stride);
+        detail::ScratchLease lease((a_floats + panel_elems / 2 + 32) * sizeof(float) + simd::gemm_bf16_scratch(m, k) * 2 + 64);
+        float* base = static_cast<float*>(lease.data());
+        auto* panels = static_cast<std::uint16_t*>(detail::align_up(base + a_floats));
+        auto* a_pack = reinterpret_cast<std::uint16_t*>(detail::align_up(panels + panel_elems));
+        if (ta == Trans::yes) {
+            for (std::size_t i = 0; i < m; ++i)
+                for (std::size_t j = 0; j < k; ++j) base[i * k + j] = a(j, i);
+            a = ConstMatrix(base, m, k, k);
+        }
+        simd::pack_panels_bf16(b, tb, panels, stride);
+        simd::gemm_bf16(alpha, a, simd::Bf16Panels{panels, k, n, stride}, beta, nullptr, c, a_pack);
+        return;
+    }
+    detail::ScratchLease lease((m * k + k * n + 16) * sizeof(float));
+    float* base = static_cast<float*>(lease.data());
+    const ConstMatrix ar = rounded_copy(a, ta, base), br = rounded_copy(b, tb, static_cast<float*>(detail::align_up(base + m * k)));
+    if (backend == Backend::scalar)
+        reference::gemm(alpha, ar, Trans::no, br, Trans::no, beta, c);
+    else
+        simd::gemm(alpha, ar, Trans::no, br, Trans::no, beta, c);
 }
 
 void softmax_rows(Matrix x, float scale, ConstMatrix mask, Backend backend) {

@@ -3,6 +3,7 @@
 #include "gemm_bf16.hpp"
 
 #include <cassert>
+#include <cstdint>
 #include <cstring>
 
 #include "../core/scratch.hpp"
@@ -12,13 +13,14 @@ namespace mha::simd {
 bool bf16_kernels_available() noexcept { return active_isa() >= Isa::avx512_bf16; }
 
 void pack_panels_bf16(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
-    assert(bf16_kernels_available());
+    assert(bf16_kernels_available() && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 && panel_stride % 32 == 0);
     Bf16Kernels::pack_panels(arch_avx512{}, b, tb, dst, panel_stride);
 }
 
 void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
                std::uint16_t* scratch) {
     assert(bf16_kernels_available() && a.cols == b.k && c.cols == b.n && a.rows == c.rows);
+    assert(reinterpret_cast<std::uintptr_t>(b.data) % 64 == 0 && reinterpret_cast<std::uintptr_t>(scratch) % 64 == 0);
     if (scratch != nullptr || c.rows == 0 || c.cols == 0 || a.cols == 0)
         return Bf16Kernels::gemm(arch_avx512{}, alpha, a, b, beta, bias, c, scratch);
     detail::ScratchLease lease(gemm_bf16_scratch(c.rows, a.cols) * 2);

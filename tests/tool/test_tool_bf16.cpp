@@ -189,11 +189,13 @@ TEST(Bf16Npy, ReaderTakesUint16OnlyWhenAsked) {
 
 TEST_F(Bf16Tool, BenchDtype) {
     const mha::Isa active = mha::active_isa();
-    for (const char* op : {"attention", "decode"})
+    for (const char* op : {"attention", "decode", "gemm"})
         for (const char* dtype : {"f32", "bf16"}) {
             SCOPED_TRACE(std::string(op) + " " + dtype);
-            const Result r = mha({"bench", "--op", op, "--dtype", dtype, "--batch", "1", "--seq", "4", "--embed", "32", "--heads", "2",
-                                  "--reps", "1", "--json"});
+            const bool gemm = std::string(op) == "gemm";
+            const Result r = gemm ? mha({"bench", "--op", op, "--dtype", dtype, "--m", "33", "--n", "40", "--k", "17", "--reps", "1", "--json"})
+                                  : mha({"bench", "--op", op, "--dtype", dtype, "--batch", "1", "--seq", "4", "--embed", "32", "--heads", "2",
+                                         "--reps", "1", "--json"});
             ASSERT_EQ(r.exit_code, 0) << r.err;
             const nlohmann::json j = nlohmann::json::parse(r.out);
             EXPECT_EQ(j.at("dtype"), dtype);
@@ -206,7 +208,6 @@ TEST_F(Bf16Tool, BenchDtype) {
     expect_failure_with({"bench", "--op", "softmax", "--dtype", "bf16"}, {"--dtype does not apply to --op softmax"});
     expect_failure_with({"bench", "--op", "sdpa", "--dtype", "f32"}, {"--dtype does not apply to --op sdpa"});
     expect_failure_with({"bench", "--op", "attention", "--dtype", "f16"}, {"--dtype", "f16"});
-    expect_failure_with({"bench", "--op", "gemm", "--dtype", "bf16"}, {"--dtype bf16 is not available for --op gemm"});
 }
 
 }  // namespace
