@@ -2,7 +2,7 @@
 
     mha.MultiheadAttention(embed_dim, num_heads, ...)   a layer; forward(query, key, value, ...) -> (out, weights)
     mha.scaled_dot_product_attention(q, k, v, ...)      PyTorch's F.scaled_dot_product_attention (eval, no dropout)
-    mha.KVCache(batch, kv_heads, head_dim, capacity)    incremental decoding: layer(x, cache=cache)
+    mha.KVCache(batch, kv_heads, head_dim, capacity, dtype='f32'|'bf16'|'f16')    incremental decoding: layer(x, cache=cache)
     mha.torch                                           torch.nn.MultiheadAttention drop-in (needs torch)
 
 Arrays are float32 and read in place when their last axis is contiguous (any other strides, e.g. the

@@ -220,7 +220,7 @@ struct PyKVCache {
     mha::KVCache cache;
     std::atomic<bool> busy{false};
 
-    PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap) : cache(b, h, d, cap) {}
+    PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap, mha::DataType type) : cache(b, h, d, cap, type) {}
 };
 
 class CacheUse {
@@ -236,17 +236,19 @@ private:
     PyKVCache& c_;
 };
 
-// A read-only [B, Hkv, capacity, d] numpy view of the cache's keys or values that keeps the cache alive.
+// A read-only [B, Hkv, capacity, d] numpy view of the cache's keys or values that keeps the cache alive: float32,
+// float16, or uint16 holding bfloat16 bits, as the cache's element type.
 py::array cache_view(py::object self, bool keys) {
     auto& c = self.cast<PyKVCache&>();
-    const mha::ConstHeads h = keys ? c.cache.keys() : c.cache.values();
-    const py::ssize_t f = sizeof(float);
-    py::array a(py::dtype::of<float>(),
-                {static_cast<py::ssize_t>(h.batch), static_cast<py::ssize_t>(h.heads), static_cast<py::ssize_t>(h.rows),
-                 static_cast<py::ssize_t>(h.dim)},
-                {static_cast<py::ssize_t>(h.batch_stride) * f, static_cast<py::ssize_t>(h.head_stride) * f,
-                 static_cast<py::ssize_t>(h.row_stride) * f, f},
-                h.data, self);
+    const mha::KVCache& kv = c.cache;
+    const mha::DataType t = kv.element_type();
+    const py::dtype dtype = t == mha::DataType::f32 ? py::dtype::of<float>()
+                            : t == mha::DataType::f16 ? py::dtype("float16")
+                                                      : py::dtype::of<std::uint16_t>();
+    const auto f = static_cast<py::ssize_t>(mha::data_type_bytes(t));
+    const auto B = static_cast<py::ssize_t>(kv.batch()), H = static_cast<py::ssize_t>(kv.kv_heads()),
+               L = static_cast<py::ssize_t>(kv.capacity()), d = static_cast<py::ssize_t>(kv.head_dim());
+    py::array a(dtype, {B, H, L, d}, {H * L * d * f, L * d * f, d * f, f}, keys ? kv.key_storage() : kv.value_storage(), self);
     py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     return a;
 }
@@ -560,8 +562,14 @@ PYBIND11_MODULE(_mha, m) {
           py::arg("backend"), py::arg("impl"), py::arg("out"));
 
     py::class_<PyKVCache>(m, "KVCache")
-        .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), py::arg("batch"), py::arg("kv_heads"),
-             py::arg("head_dim"), py::arg("capacity"))
+        .def(py::init([](std::size_t b, std::size_t h, std::size_t d, std::size_t cap, const std::string& dtype) {
+                 if (dtype != "f32" && dtype != "bf16" && dtype != "f16")
+                     value_error("dtype must be 'f32', 'bf16' or 'f16', got '" + dtype + "'");
+                 const mha::DataType t = dtype == "bf16" ? mha::DataType::bf16 : dtype == "f16" ? mha::DataType::f16 : mha::DataType::f32;
+                 return std::make_unique<PyKVCache>(b, h, d, cap, t);
+             }),
+             py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"), py::arg("dtype") = "f32")
+        .def_property_readonly("dtype", [](const PyKVCache& c) { return std::string(mha::data_type_name(c.cache.element_type())); })
         .def_property_readonly("batch", [](const PyKVCache& c) { return c.cache.batch(); })
         .def_property_readonly("kv_heads", [](const PyKVCache& c) { return c.cache.kv_heads(); })
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.cache.head_dim(); })
@@ -585,7 +593,7 @@ PYBIND11_MODULE(_mha, m) {
              },
              py::arg("b"), py::arg("key"), py::arg("value"))
         .def("keys", [](py::object self) { return cache_view(std::move(self), true); },
-             "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.")
+             "Read-only view [B, Hkv, capacity, d] (float32, float16, or uint16 bfloat16 bits); rows at or past length(b) are stale.")
         .def("values", [](py::object self) { return cache_view(std::move(self), false); },
              "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.");
 }

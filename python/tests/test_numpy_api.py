@@ -301,6 +301,31 @@ def test_kv_cache_token_by_token_equals_one_causal_call():
     assert cache.length(1) == 3
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_kv_cache_half_element_types_hold_the_rounded_keys(dtype):
+    # The cached K and V are the f32 cache's values rounded to the element type (nearest even): the K and V
+    # rows of a token depend only on its projection, so the two caches must agree exactly after rounding.
+    B, L, E, H, Hkv, d = 2, 5, 32, 4, 2, 8
+    layer, _ = layer_and_weights(E, H, Hkv, d, rope_theta=10000.0)
+    x = rand(B, L, E)
+    c32, c16 = mha.KVCache(B, Hkv, d, L), mha.KVCache(B, Hkv, d, L, dtype=dtype)
+    assert c16.dtype == dtype and c16.nbytes * 2 == c32.nbytes
+    for i in range(L):
+        layer(x[:, i:i + 1], cache=c32)
+        layer(x[:, i:i + 1], cache=c16)
+    for view16, view32 in ((c16.keys(), c32.keys()), (c16.values(), c32.values())):
+        if dtype == "f16":
+            assert view16.dtype == np.float16
+            np.testing.assert_array_equal(view16, view32.astype(np.float16))
+        else:  # uint16 bfloat16 bits: round the float32 bits to nearest even by hand
+            assert view16.dtype == np.uint16
+            bits = view32.view(np.uint32).astype(np.uint64)
+            want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            np.testing.assert_array_equal(view16, want)
+    with pytest.raises(ValueError, match="dtype must be 'f32', 'bf16' or 'f16'"):
+        mha.KVCache(1, 1, 8, 4, dtype="fp8")
+
+
 def test_import_mha_does_not_import_torch():
     import subprocess
     import sys
