@@ -8,6 +8,8 @@
 //   threads  simd with each thread count in --threads (default 1..hardware threads), at B = --batch,
 //            L = --seq, E = first of --embed, H 12.
 //   lengths  L in --lengths, B 1, E 768, H 12, all threads, Impl::materialized vs Impl::fused.
+//   bf16     E 768, H 12 at B 8 L 128 and B 1 L 2048, 1 thread and all: fp32, then bf16 compute
+//            (AttentionConfig::compute; on the vdpbf16ps kernels where the CPU has AVX512_BF16).
 // Counters (every time is wall-clock time, UseRealTime: the work runs on oneTBB worker threads):
 //   GFLOPS             FLOPs above ÷ time.
 //   pct_peak           GFLOPS as % of the FMA peak this binary measures at start-up on the same
@@ -15,6 +17,7 @@
 //   speedup_vs_scalar  heads and bert: simd GFLOP/s ÷ scalar GFLOP/s at the same E and H (heads: the
 //                      scalar is at B = --scalar-batch, one thread; the simd on all threads).
 //   speedup_vs_1t      threads: GFLOP/s ÷ GFLOP/s of the 1-thread run.
+//   speedup_vs_f32     bf16: GFLOP/s ÷ GFLOP/s of the fp32 run of the same shape and threads.
 //   scratch            lengths: bytes of working memory, computed from the shape (see scratch_bytes).
 //   rss_growth         lengths: measured rise of the peak resident memory over one forward call in a
 //                      fresh process (this binary re-run with --memory-probe, see probe_memory): the
@@ -58,7 +61,7 @@ namespace {
 // --- command line ----------------------------------------------------------------------------------
 
 struct Options {
-    std::set<std::string> suites{"bert", "heads", "threads", "lengths"};
+    std::set<std::string> suites{"bert", "heads", "threads", "lengths", "bf16"};
     std::vector<std::size_t> heads{1, 2, 4, 8, 12, 16, 32, 64};
     std::vector<std::size_t> embeds{768, 1024};
     std::size_t batch = 8;
@@ -71,7 +74,7 @@ struct Options {
 
 const char* const kUsage =
     "Attention benchmark options (before or among Google Benchmark's --benchmark_* flags):\n"
-    "  --suites=LIST        bert,heads,threads,lengths (default: all four)\n"
+    "  --suites=LIST        bert,heads,threads,lengths,bf16 (default: all five)\n"
     "  --heads=LIST         head counts of the heads sweep (default 1,2,4,8,12,16,32,64)\n"
     "  --embed=LIST         embed dims of the heads sweep; the first one is used by the threads sweep (768,1024)\n"
     "  --batch=N            batch of the heads and threads sweeps (8)\n"
@@ -143,7 +146,7 @@ Options parse_options(int& argc, char** argv) {
             o.suites.clear();
             std::stringstream in(value);
             for (std::string s; std::getline(in, s, ',');) {
-                if (s != "bert" && s != "heads" && s != "threads" && s != "lengths")
+                if (s != "bert" && s != "heads" && s != "threads" && s != "lengths" && s != "bf16")
                     usage_error("--suites: unknown suite '" + s + "'");
                 o.suites.insert(s);
             }
@@ -246,11 +249,11 @@ struct Problem {
     mha::AttentionInputs in;
     mha::AttentionOutputs out;
 
-    explicit Problem(const Shape& s)
+    explicit Problem(const Shape& s, mha::DataType compute = mha::DataType::f32)
         : in_w(random_floats(3 * s.E * s.E, 1.0f / std::sqrt(float(s.E)), 1)), in_b(random_floats(3 * s.E, 0.1f, 2)),
           out_w(random_floats(s.E * s.E, 1.0f / std::sqrt(float(s.E)), 3)), out_b(random_floats(s.E, 0.1f, 4)),
           query(random_floats(s.B * s.L * s.E, 1.0f, 5)), output(query.size(), 0.0f),
-          attention(weights(), s.E, s.H) {
+          attention(weights(), mha::AttentionConfig{s.E, s.H, 0, 0, 0, 0, std::nullopt, compute}) {
         in.query = mha::ConstBatch(query.data(), s.B, s.L, s.E);  // key, value unset: self-attention
         out.output = mha::Batch(output.data(), s.B, s.L, s.E);
     }
@@ -352,6 +355,7 @@ struct Case {
     mha::Backend backend = mha::Backend::simd;
     int threads = 0;  // 0: all
     mha::Impl impl = mha::Impl::automatic;
+    mha::DataType compute = mha::DataType::f32;
     std::string record, compare_with, counter;
     std::string label;
     bool memory = false;  // report scratch and rss_growth
@@ -378,7 +382,7 @@ void run_case(benchmark::State& state, const Case& c) {
         rss_growth = it != probed.end() ? it->second : (probed[key] = probe_memory(s, c.impl, c.threads));
     }
 
-    const Problem problem(s);
+    const Problem problem(s, c.compute);
     // Untimed first call: starts the TBB workers and grows the per-thread buffers.
     try {
         problem.forward(opt);
@@ -428,6 +432,7 @@ std::string name_of(const std::string& suite, const Case& c) {
     n << suite << '/' << (c.backend == mha::Backend::simd ? "simd" : "scalar") << "/E:" << c.shape.E << "/H:" << c.shape.H
       << "/B:" << c.shape.B << "/L:" << c.shape.L << "/threads:" << effective_threads(c.backend, c.threads);
     if (c.impl != mha::Impl::automatic) n << "/impl:" << (c.impl == mha::Impl::fused ? "fused" : "materialized");
+    if (c.compute != mha::DataType::f32) n << "/compute:" << mha::data_type_name(c.compute);
     return n.str();
 }
 
@@ -456,6 +461,21 @@ void register_bert() {
                 }
                 add("bert", c);
             }
+}
+
+void register_bf16() {
+    for (const Shape& shape : {Shape{8, 128, 768, 12}, Shape{1, 2048, 768, 12}})
+        for (int threads : {1, 0}) {
+            Case f32 = make_case(shape, mha::Backend::simd, threads);
+            f32.record = "bf16/f32/" + std::to_string(shape.B) + "/" + std::to_string(shape.L) + "/" + std::to_string(threads);
+            add("bf16", f32);
+            Case bf16 = f32;
+            bf16.record.clear();
+            bf16.compute = mha::DataType::bf16;
+            bf16.compare_with = f32.record;
+            bf16.counter = "speedup_vs_f32";
+            add("bf16", bf16);
+        }
 }
 
 void register_heads(const Options& o) {
@@ -537,6 +557,7 @@ int main(int argc, char** argv) {
     if (options.suites.count("heads")) register_heads(options);
     if (options.suites.count("threads")) register_threads(options);
     if (options.suites.count("lengths")) register_lengths(options);
+    if (options.suites.count("bf16")) register_bf16();
 
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

@@ -73,6 +73,13 @@ TEST(ConfigValidation, HeadsNotMultipleOfKvHeads) {
     expect_invalid([&] { mha::MultiheadAttention(dec.weights(), c); }, "num_heads 4 is not a multiple of num_kv_heads 3");
 }
 
+TEST(ConfigValidation, ComputeF16IsNotAComputeType) {
+    const Decoder dec;
+    mha::AttentionConfig c = dec.config();
+    c.compute = mha::DataType::f16;
+    expect_invalid([&] { mha::MultiheadAttention(dec.weights(), c); }, "compute type f16 is not supported (f32 or bf16");
+}
+
 TEST(ConfigValidation, EmbedDimNotMultipleOfHeadsWithoutHeadDim) {
     const Decoder dec;
     mha::AttentionConfig c = dec.config();

@@ -36,6 +36,8 @@ struct RunOptions {
     int threads = 0;
     Impl impl = Impl::automatic;
     bool seq_first = false;  // query/key/value and output are [L, B, E] (PyTorch's batch_first=False)
+    DataType dtype = DataType::f32;  // --dtype: AttentionConfig::compute (f32 or bf16)
+    bool bf16_raw = false;           // --bf16-raw: float inputs and weights are uint16 .npy of bfloat16 bits
     // --chunk N: feed the query through a KV cache N tokens at a time (causal). Set, or past_key.npy /
     // past_value.npy in the folder: the KV cache path, which also writes present_key.npy / present_value.npy.
     std::optional<std::size_t> chunk;
@@ -85,6 +87,7 @@ struct BenchOptions {
     // softmax, layernorm
     std::size_t rows = 1024, cols = 768;
     Backend backend = Backend::simd;
+    DataType dtype = DataType::f32;  // --dtype (attention, decode, gemm): the compute type
     std::optional<int> threads;  // absent: all cores for attention, 1 for the kernels
     int reps = 10;
     bool json = false;

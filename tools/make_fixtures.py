@@ -36,6 +36,12 @@ model runs it (a prompt in one causal pass, then tokens one at a time against Hu
 with every token's output and the final cache (present_key / present_value); see the comment above
 write_kv_cache_cases and tests/data/README.md.
 
+bf16 cases (issue 14) go to tests/data/bf16/<case>/: inputs, weights, biases and additive masks rounded to
+bfloat16 values first (stored as float32, exactly representable), the float64 oracle (expected_output.npy: the
+module in float64 on those values) and PyTorch's own bf16 CPU result (torch_bf16_output.npy, float32: the
+module and inputs .to(torch.bfloat16), the output widened); args.json adds "torch_bf16_max_abs_error" (its max
+|torch bf16 − oracle|). See the comment above write_bf16_cases and tests/data/README.md.
+
 usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
 """
 import json
@@ -723,6 +729,160 @@ def write_kv_cache_cases():
                   rope={"theta": 10000.0, "dims": 16, "style": "half"})
 
 
+# --- bf16 cases (issue 14): tests/data/bf16/<case>/ ---------------------------------------------------
+# Each case: the layer's files as `mha run` reads them (float32 arrays holding bfloat16 values exactly),
+#   expected_output.npy  float64: the float64 computation on exactly those values (the oracle)
+#   torch_bf16_output.npy float32: PyTorch's bf16 CPU forward (parameters and inputs .to(torch.bfloat16);
+#                        its bf16 output widened exactly)
+#   args.json            layer_args(...) plus "torch_bf16_max_abs_error": max |torch bf16 − oracle|
+# Cases: nn.MultiheadAttention self-attention with a boolean key_padding_mask and an additive attn_mask
+# (BERT-like), the Llama-style layer with GQA, biases and RoPE written in torch (run in bf16: cos and sin cast
+# to bf16 as Hugging Face does), nn.MultiheadAttention cross-attention with kdim / vdim != E.
+
+BF16_DIR = "bf16"
+
+
+def bf16_exact(x):
+    """x rounded to the nearest bfloat16 (ties to even, torch's conversion), kept as float32."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).to(torch.float32).numpy()
+
+
+def round_params_bf16(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+def write_bf16_case(name, arrays, args, oracle, torch_bf16):
+    oracle = np.asarray(oracle, dtype=np.float64)
+    torch_bf16 = np.asarray(torch_bf16, dtype=np.float32)
+    assert np.isfinite(oracle).all() and np.isfinite(torch_bf16).all(), name
+    for n, a in arrays.items():  # every float input is a bfloat16 value
+        if a.dtype == np.float32:
+            assert np.array_equal(a, bf16_exact(a)), (name, n)
+    args = dict(args, torch_bf16_max_abs_error=float(np.abs(torch_bf16.astype(np.float64) - oracle).max()))
+    write_case(os.path.join(BF16_DIR, name), arrays, args, oracle, None)
+    np.save(os.path.join(OUT, BF16_DIR, name, "torch_bf16_output.npy"), torch_bf16)
+
+
+def bf16_mha_case(name, gen, B, Lq, Lk, E, H, kdim=None, vdim=None, kpm=None, am=None):
+    """nn.MultiheadAttention (packed in_proj when kdim = vdim = E), run in float64 and in bf16."""
+    kdim, vdim = kdim or E, vdim or E
+    m = nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, batch_first=True)
+    randomize(m, gen)
+    round_params_bf16(m)
+    m.eval()
+    cross = kdim != E or vdim != E or Lk != Lq
+    q = bf16_exact(uniform(gen, (B, Lq, E)))
+    k = bf16_exact(uniform(gen, (B, Lk, kdim))) if cross else q
+    v = bf16_exact(uniform(gen, (B, Lk, vdim))) if cross else q
+    if am is not None and am.dtype != bool:
+        am = bf16_exact(am)
+    t = lambda x, dt: None if x is None else torch.from_numpy(x).to(torch.bool if x.dtype == bool else dt)
+    with torch.no_grad():
+        oracle, _ = m.double()(t(q, torch.float64), t(k, torch.float64), t(v, torch.float64),
+                               key_padding_mask=t(kpm, torch.float64), attn_mask=t(am, torch.float64), need_weights=False)
+        low, _ = m.to(torch.bfloat16)(t(q, torch.bfloat16), t(k, torch.bfloat16), t(v, torch.bfloat16),
+                                      key_padding_mask=t(kpm, torch.bfloat16), attn_mask=t(am, torch.bfloat16),
+                                      need_weights=False)
+    m.double()
+    a = {"query": q}
+    if cross:
+        a["key"], a["value"] = k, v
+    if kdim == E and vdim == E:
+        a["in_proj_weight"] = f32(m.in_proj_weight)
+    else:
+        a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"] = (f32(m.q_proj_weight), f32(m.k_proj_weight),
+                                                                      f32(m.v_proj_weight))
+    a["in_proj_bias"], a["out_proj.weight"], a["out_proj.bias"] = f32(m.in_proj_bias), f32(m.out_proj.weight), f32(m.out_proj.bias)
+    if kpm is not None:
+        a["key_padding_mask"] = kpm
+    if am is not None:
+        a["attn_mask"] = am
+    d = E // H
+    w64 = {n: x.astype(np.float64) for n, x in a.items() if x.dtype != bool}
+    if "in_proj_weight" in w64:
+        w64["q_proj_weight"], w64["k_proj_weight"], w64["v_proj_weight"] = np.split(w64["in_proj_weight"], 3)
+    check, _ = numpy_layer(w64["query"], w64.get("key", w64["query"]), w64.get("value", w64["query"]), w64, H, H, d,
+                           None, [0] * B, kpm, am, False, False)
+    oracle = oracle.numpy()
+    assert np.allclose(oracle, check, rtol=0, atol=1e-12), name
+    write_bf16_case(name, a, layer_args(H, H, d), oracle, low.to(torch.float32).numpy())
+
+
+def rope_torch_low(x, theta, r, style, positions):
+    """rope_torch for a bf16 x: angles in float64, cos and sin cast to x's dtype, the rotation in that dtype."""
+    k = torch.arange(r // 2, dtype=torch.float64)
+    theta_k = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * k / r)
+    angle = positions[:, None, :, None] * theta_k
+    c, s = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+    i1 = torch.arange(r // 2) if style == "half" else 2 * torch.arange(r // 2)
+    i2 = i1 + r // 2 if style == "half" else i1 + 1
+    x1, x2 = x[..., i1], x[..., i2]
+    y = x.clone()
+    y[..., i1] = x1 * c - x2 * s
+    y[..., i2] = x2 * c + x1 * s
+    return y
+
+
+def llama_attention_low(x, wq, wk, wv, wo, bias, H, Hkv, d, rope, causal):
+    """llama_attention in x's dtype (bf16): the same steps, RoPE through rope_torch_low, positions 0.."""
+    B, L, _ = x.shape
+    bq, bk, bv, bo = bias
+    q = F.linear(x, wq, bq).view(B, L, H, d).transpose(1, 2)
+    k = F.linear(x, wk, bk).view(B, L, Hkv, d).transpose(1, 2)
+    v = F.linear(x, wv, bv).view(B, L, Hkv, d).transpose(1, 2)
+    positions = torch.zeros(B, 1, dtype=torch.float64) + torch.arange(L, dtype=torch.float64)
+    q = rope_torch_low(q, rope["theta"], rope["dims"], rope["style"], positions)
+    k = rope_torch_low(k, rope["theta"], rope["dims"], rope["style"], positions)
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -math.inf)
+    c = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, H * d)
+    return F.linear(c, wo, bo)
+
+
+def bf16_llama_case(name, gen, B, L, E, H, Hkv, d, rope):
+    """Llama-style GQA self-attention with q/k/v and output biases (Qwen-style), RoPE, causal."""
+    fan = lambda n: 1.0 / math.sqrt(n)
+    a = {"query": uniform(gen, (B, L, E)),
+         "q_proj_weight": uniform(gen, (H * d, E), fan(E)), "k_proj_weight": uniform(gen, (Hkv * d, E), fan(E)),
+         "v_proj_weight": uniform(gen, (Hkv * d, E), fan(E)), "out_proj.weight": uniform(gen, (E, H * d), fan(H * d)),
+         "in_proj_bias": uniform(gen, (H * d + 2 * Hkv * d,), fan(E)), "out_proj.bias": uniform(gen, (E,), fan(H * d))}
+    a = {n: bf16_exact(x) for n, x in a.items()}
+    def run(dt):
+        t = lambda n: torch.from_numpy(a[n]).to(dt)
+        b = t("in_proj_bias")
+        biases = (b[:H * d], b[H * d:H * d + Hkv * d], b[H * d + Hkv * d:], t("out_proj.bias"))
+        if dt == torch.float64:
+            return llama_attention(t("query"), t("q_proj_weight"), t("k_proj_weight"), t("v_proj_weight"),
+                                   t("out_proj.weight"), biases, H, Hkv, d, rope, [0] * B, True)
+        return llama_attention_low(t("query"), t("q_proj_weight"), t("k_proj_weight"), t("v_proj_weight"),
+                                   t("out_proj.weight"), biases, H, Hkv, d, rope, True)
+    oracle = run(torch.float64).numpy()
+    low = run(torch.bfloat16).to(torch.float32).numpy()
+    x = a["query"].astype(np.float64)
+    check, _ = numpy_layer(x, x, x, {n: v.astype(np.float64) for n, v in a.items()}, H, Hkv, d, rope, [0] * B,
+                           None, None, True, False)
+    assert np.allclose(oracle, check, rtol=0, atol=1e-12), name
+    write_bf16_case(name, a, layer_args(H, Hkv, d, rope, causal=True), oracle, low)
+
+
+def write_bf16_cases():
+    gen = torch.Generator().manual_seed(20240714)  # its own stream: the cases above stay as they were
+    os.makedirs(os.path.join(OUT, BF16_DIR), exist_ok=True)
+    B, L = 2, 24
+    kpm = bool_mask(gen, (B, L), 0.3, lambda r: r % L)
+    am = (4 * torch.rand(L, L, generator=gen) - 2).numpy().astype(np.float32)
+    bf16_mha_case("bert_self_masks", gen, B=B, Lq=L, Lk=L, E=64, H=4, kpm=kpm, am=am)
+    bf16_llama_case("llama_gqa_rope", gen, B=2, L=20, E=64, H=8, Hkv=2, d=16,
+                    rope={"theta": 10000.0, "dims": 16, "style": "half"})
+    bf16_mha_case("cross_kdim_vdim", gen, B=2, Lq=12, Lk=20, E=48, H=4, kdim=40, vdim=24,
+                  kpm=bool_mask(gen, (2, 20), 0.3, lambda r: r))
+
+
 def main():
     if os.path.isdir(OUT):
         for entry in os.listdir(OUT):  # regenerate the case folders; keep README.md
@@ -750,9 +910,11 @@ def main():
     write_large_cases()
     write_decoder_cases()
     write_kv_cache_cases()
+    write_bf16_cases()
     count = lambda d: len([e for e in os.listdir(d) if os.path.isdir(os.path.join(d, e))])
-    print("wrote", count(OUT) - 2, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
-          os.path.join(OUT, DECODER_DIR), "and", count(os.path.join(OUT, KV_DIR)), "to", os.path.join(OUT, KV_DIR))
+    print("wrote", count(OUT) - 3, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
+          os.path.join(OUT, DECODER_DIR), "and", count(os.path.join(OUT, KV_DIR)), "to", os.path.join(OUT, KV_DIR), "and",
+          count(os.path.join(OUT, BF16_DIR)), "to", os.path.join(OUT, BF16_DIR))
 
 
 if __name__ == "__main__":

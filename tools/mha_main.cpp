@@ -39,6 +39,7 @@ const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
                                               {"gemm", BenchOp::gemm},
                                               {"softmax", BenchOp::softmax},
                                               {"layernorm", BenchOp::layernorm}};
+const std::map<std::string, mha::DataType> dtype_names{{"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}};
 const std::map<std::string, mha::DataType> kv_type_names{
     {"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}, {"f16", mha::DataType::f16}};
 const std::map<std::string, mha::RopeStyle> rope_style_names{{"half", mha::RopeStyle::half},
@@ -109,6 +110,14 @@ int main(int argc, char** argv) {
     run->add_option("--backend", run_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     run->add_option("--threads", run_opts.threads, "Threads (0: all cores)")->check(thread_count);
     run->add_option("--impl", run_impl, "Attention: auto (default), materialized or fused")->check(CLI::IsMember(impl_names));
+    std::string run_dtype = "f32";
+    run->add_option("--dtype", run_dtype,
+                    "Compute type: f32 (default) or bf16 (inputs, weights, Q, K, V, P and the attention output rounded to "
+                    "bfloat16, fp32 accumulation; .npy files stay float32 unless --bf16-raw)")
+        ->check(CLI::IsMember(dtype_names));
+    run->add_flag("--bf16-raw", run_opts.bf16_raw,
+                  "Float inputs and weights are uint16 .npy arrays holding bfloat16 bit patterns (widened exactly); "
+                  "output files stay float32");
     run->add_flag("--seq-first", run_opts.seq_first,
                   "query.npy, key.npy, value.npy and output.npy are [L, B, E] (PyTorch's batch_first=False) instead "
                   "of [B, L, E]; masks and attn_weights.npy keep their shapes; unbatched [L, E] files are unaffected");
@@ -207,6 +216,10 @@ int main(int argc, char** argv) {
     only_for(bench->add_option("--cols", bench_opts.cols, "softmax/layernorm: cols (default 768)")->check(positive),
              {BenchOp::softmax, BenchOp::layernorm});
     bench->add_option("--backend", bench_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
+    std::string bench_dtype = "f32";
+    only_for(bench->add_option("--dtype", bench_dtype, "attention/decode/gemm: compute type f32 (default) or bf16")
+                 ->check(CLI::IsMember(dtype_names)),
+             {BenchOp::attention, BenchOp::decode, BenchOp::gemm});
     CLI::Option* threads_opt = bench->add_option("--threads", threads,
                                                  "Threads (attention, sdpa: 0 = all cores, the default; the kernels are "
                                                  "single-threaded and accept only 1)")
@@ -241,6 +254,7 @@ int main(int argc, char** argv) {
             if (norm_opt->count() > 0) run_opts.norm_eps = norm_eps;
             run_opts.backend = backend_names.at(run_backend);
             run_opts.impl = impl_names.at(run_impl);
+            run_opts.dtype = dtype_names.at(run_dtype);
             if (kv_heads_opt->count() > 0) run_opts.kv_heads = kv_heads;
             if (head_dim_opt->count() > 0) run_opts.head_dim = head_dim;
             if (rope_theta_opt->count() > 0) run_opts.rope_theta = rope_theta;
@@ -267,6 +281,7 @@ int main(int argc, char** argv) {
             bench_opts.op = op_names.at(bench_op);
             bench_opts.backend = backend_names.at(bench_backend);
             bench_opts.impl = impl_names.at(bench_impl);
+            bench_opts.dtype = dtype_names.at(bench_dtype);
             bench_opts.kv_type = kv_type_names.at(bench_kv_type);
             for (const auto& [opt, ops] : op_specific) {
                 if (opt->count() == 0) continue;

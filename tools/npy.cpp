@@ -38,6 +38,7 @@ std::size_t itemsize(DType t) {
         case DType::int64: return 8;
         case DType::float32:
         case DType::int32: return 4;
+        case DType::uint16: return 2;
         case DType::boolean:
         case DType::uint8: return 1;
     }
@@ -105,14 +106,17 @@ public:
 
 private:
     static DType parse_descr(const std::string& d, Accept accept) {
-        const bool integers = accept == Accept::with_integers;
+        const bool integers = accept == Accept::with_integers, bits = accept == Accept::with_bf16_bits;
         if (d == "<f4") return DType::float32;
         if (d == "<f8") return DType::float64;
         if (d == "|b1") return DType::boolean;
         if (d == "|u1") return DType::uint8;
         if (integers && d == "<i4") return DType::int32;
         if (integers && d == "<i8") return DType::int64;
-        const std::string supported = integers ? "'<f4', '<f8', '|b1', '|u1', '<i4', '<i8'" : "'<f4', '<f8', '|b1', '|u1'";
+        if (bits && d == "<u2") return DType::uint16;
+        const std::string supported = integers ? "'<f4', '<f8', '|b1', '|u1', '<i4', '<i8'"
+                                      : bits   ? "'<f4', '<f8', '|b1', '|u1', '<u2'"
+                                               : "'<f4', '<f8', '|b1', '|u1'";
         if (!d.empty() && d[0] == '>')
             fail("dtype '" + d + "' is big-endian; only little-endian " + supported + " are supported");
         fail("dtype '" + d + "' is not supported (supported: " + supported + ")");
@@ -224,6 +228,7 @@ const char* dtype_name(DType t) noexcept {
         case DType::uint8: return "uint8";
         case DType::int32: return "int32";
         case DType::int64: return "int64";
+        case DType::uint16: return "uint16";
     }
     return "?";
 }
@@ -315,6 +320,10 @@ Array parse(const std::uint8_t* data, std::size_t size, Accept accept) {
         case DType::int64:
             a.integers.resize(count);
             if (count) std::memcpy(a.integers.data(), payload, *nbytes);
+            break;
+        case DType::uint16:
+            a.words.resize(count);
+            if (count) std::memcpy(a.words.data(), payload, *nbytes);
             break;
     }
     return a;

@@ -10,6 +10,12 @@ namespace mha::tool {
 
 namespace fs = std::filesystem;
 
+namespace {
+bool bf16_raw = false;  // set_bf16_raw
+}  // namespace
+
+void set_bf16_raw(bool on) { bf16_raw = on; }
+
 std::optional<Input> load_input(const fs::path& dir, const std::string& file, bool required, npy::Accept accept) {
     const fs::path path = dir / file;
     std::error_code ec;
@@ -18,10 +24,26 @@ std::optional<Input> load_input(const fs::path& dir, const std::string& file, bo
         if (required) fail(path.string() + ": required input is missing");
         return std::nullopt;
     }
-    return Input{file, npy::load(path.string(), accept)};  // npy::load reports unreadable files itself
+    // The default types plus uint16, so that bfloat16 bits are read with --bf16-raw and named without it.
+    if (accept == npy::Accept::default_types) accept = npy::Accept::with_bf16_bits;
+    Input in{file, npy::load(path.string(), accept)};  // npy::load reports unreadable files itself
+    if (in.array.dtype == npy::DType::uint16) {
+        if (!bf16_raw)
+            fail(file + " has dtype uint16: bfloat16 bit patterns are read with mha run --bf16-raw; other inputs must be "
+                        "float32, float64, bool or uint8");
+        in.array.values.resize(in.array.words.size());
+        for (std::size_t i = 0; i < in.array.words.size(); ++i) in.array.values[i] = bfloat16::from_bits(in.array.words[i]).to_float();
+        in.array.words.clear();
+        in.array.dtype = npy::DType::float32;
+        in.bf16_bits = true;
+    }
+    return in;
 }
 
 void require_float(const Input& in) {
+    if (bf16_raw && !in.bf16_bits)
+        fail(in.file + " has dtype " + npy::dtype_name(in.array.dtype) +
+             " but --bf16-raw needs uint16 arrays of bfloat16 bit patterns for every float input and weight");
     if (in.array.dtype != npy::DType::float32 && in.array.dtype != npy::DType::float64)
         fail(in.file + " has dtype " + npy::dtype_name(in.array.dtype) + " but must be float32 or float64");
 }

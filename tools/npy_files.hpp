@@ -20,17 +20,25 @@ namespace mha::tool {
 struct Input {
     std::string file;  // "query.npy": the name used in messages
     npy::Array array;
+    bool bf16_bits = false;  // read from uint16 bfloat16 bits (--bf16-raw), widened into array.values
     const std::vector<std::size_t>& shape() const { return array.shape; }
     std::string shape_str() const { return npy::shape_string(array.shape); }
     const float* floats() const { return array.values.data(); }
 };
 
 // dir/file, or nullopt when it does not exist (a tool_error "<path>: required input is missing" when
-// required). npy::load reports unreadable files itself; `accept` says which dtypes it takes.
+// required). npy::load reports unreadable files itself; `accept` says which dtypes it takes. With the
+// default types, a uint16 file is read too: with set_bf16_raw(true) its values are bfloat16 bit patterns,
+// widened exactly to float32 (bf16_bits set); otherwise it is a tool_error naming --bf16-raw.
 std::optional<Input> load_input(const std::filesystem::path& dir, const std::string& file, bool required,
                                 npy::Accept accept = npy::Accept::default_types);
 
-// A tool_error unless the file holds float32 or float64 values.
+// `mha run --bf16-raw`: float inputs and weights are read as uint16 bfloat16 bits (process-wide; off by
+// default).
+void set_bf16_raw(bool on);
+
+// A tool_error unless the file holds float32 or float64 values; with --bf16-raw, unless it held uint16
+// bfloat16 bits.
 void require_float(const Input& in);
 
 // A tool_error "<file> has shape [..] but must be <formula> = [..]" unless the shape is `want`.

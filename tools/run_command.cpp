@@ -32,6 +32,10 @@
 //     --kv-type f32|bf16|f16 (only on this path; default f32): the cache's element type. Past and new K and V
 //     are rounded into it (round to nearest even), attention uses the rounded values, and present_*.npy
 //     (float32) hold them.
+//   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
+//   --bf16-raw: every float input and weight file (query, key, value, the projection weights and biases,
+//   norm.*, past_key / past_value) must be a uint16 array of bfloat16 bit patterns, widened exactly to float;
+//   masks may be bool / uint8, float32 or uint16 bits; outputs stay float32. Independent of --dtype.
 // Order of work: load and check everything, compute, then write each file under a temporary name and
 // rename, so an error leaves no output file behind.
 #include <algorithm>
@@ -81,6 +85,7 @@ void check_projection(const Input& w, const std::string& rows_formula, const std
 void run_command(const RunOptions& opt) {
     const fs::path dir(opt.npy_dir);
     if (!fs::is_directory(dir)) fail(opt.npy_dir + ": not a folder (--npy)");
+    set_bf16_raw(opt.bf16_raw);
     if (!opt.rope_theta && (opt.rope_style || opt.rope_dims))
         fail(std::string(opt.rope_style ? "--rope-style" : "--rope-dims") + " needs --rope-theta");
 
@@ -348,6 +353,7 @@ void run_command(const RunOptions& opt) {
     config.head_dim = d;
     config.kdim = kdim;
     config.vdim = vdim;
+    config.compute = opt.dtype;
     if (opt.rope_theta) {
         RopeConfig rope;
         rope.theta = *opt.rope_theta;

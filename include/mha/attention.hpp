@@ -223,8 +223,9 @@ public:
     // query are read) and options needs; 0 for the scalar backend. With options.threads == 0 it depends on
     // the arena the caller is in (all cores outside any): ask from where forward will run.
     std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options = {}) const;
-    // Bytes of weights this object holds: the packed projections (one copy each, panel padding included),
-    // the biases and the norm parameters. 0 on a moved-from object.
+    // Bytes of weights this object holds: the packed projections (one copy each, panel padding included; with
+    // bf16 compute on AVX512_BF16 also their bf16 panels), the biases and the norm parameters. 0 on a
+    // moved-from object.
     std::size_t weight_bytes() const noexcept;
 
     struct State;  // weights (and packed weights); defined in lib/attention

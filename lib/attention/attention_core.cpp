@@ -156,6 +156,11 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
             l.gemm.a_floats = std::max({l.gemm.a_floats, qk.a_floats, pv.a_floats});
             l.gemm.b_floats = std::max({l.gemm.b_floats, qk.b_floats, pv.b_floats});
         }
+        // bf16: the block's K_hᵀ and V_h in bf16 panels, and the A pack buffer (uint16 elements / 2).
+        if (s.bf16 && detected_isa() >= Isa::avx512_bf16)
+            gemm16 = (simd::Bf16Panels::elements(s.Lk, simd::Bf16Panels::min_panel_stride(s.d)) +
+                      simd::Bf16Panels::elements(s.d, simd::Bf16Panels::min_panel_stride(s.Lk)) +
+                      simd::gemm_bf16_scratch(kQueryBlock, std::max(s.d, s.Lk))) / 2 + 64;
     }
     l.q_stack = slot.take(q_stack);
     l.scores = slot.take(scores);
@@ -501,7 +506,18 @@ void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, s
     }
     const ConstMatrix q = p_.q.head(b, h).row_block(i0, rows);
     const ConstMatrix k = p_.k.head(b, h / G_).row_block(0, keys);
-    simd::gemm(p_.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys), gemm);
+    // bf16 on the bf16 kernels: K_hᵀ and V_h packed into the slot's bf16 panels for this block.
+    const bool use16 = p_.bf16 && layout_.gemm16_floats != 0 && simd::bf16_kernels_available();
+    auto* k16 = reinterpret_cast<std::uint16_t*>(thread_slot(slots_, slot_floats_, threads_) + layout_.gemm16);
+    const std::size_t k16_stride = simd::Bf16Panels::min_panel_stride(d_), v16_stride = simd::Bf16Panels::min_panel_stride(keys);
+    std::uint16_t* v16 = k16 + (simd::Bf16Panels::elements(keys, k16_stride) + 31) / 32 * 32;
+    std::uint16_t* a16 = v16 + (simd::Bf16Panels::elements(d_, v16_stride) + 31) / 32 * 32;
+    if (use16) {
+        simd::pack_panels_bf16(k, Trans::yes, k16, k16_stride);
+        simd::gemm_bf16(p_.scale, q, simd::Bf16Panels{k16, d_, keys, k16_stride}, 0.0f, nullptr, s.columns(0, keys), a16);
+    } else {
+        simd::gemm(p_.scale, q, Trans::no, k, Trans::yes, 0.0f, s.columns(0, keys), gemm);
+    }
     for (std::size_t r = 0; r < rows; ++r) {
         const std::size_t i = i0 + r;
         simd::softmax_row(s.row(r), cols, visible_keys(b, i), 1.0f, key_padding_row(b), attn_mask_row(b, h, i));
@@ -514,6 +530,11 @@ void AttentionCore::attend_block(std::size_t b, std::size_t h, std::size_t i0, s
         return;
     }
     const ConstMatrix v = p_.v.head(b, h / G_).row_block(0, keys);
+    if (use16) {
+        simd::pack_panels_bf16(v, Trans::no, v16, v16_stride);
+        simd::gemm_bf16(1.0f, ConstMatrix(s.columns(0, keys)), simd::Bf16Panels{v16, keys, d_, v16_stride}, 0.0f, nullptr, c, a16);
+        return;
+    }
     simd::gemm(1.0f, ConstMatrix(s.columns(0, keys)), Trans::no, v, Trans::no, 0.0f, c, gemm);
 }
 

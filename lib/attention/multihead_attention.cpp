@@ -365,10 +365,12 @@ void MultiheadAttention::run(const AttentionInputs& in_arg, const AttentionOutpu
         detail::checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
                                detail::checked_madd(Lq, Lk, 0, "the scalar backend's", "scores"));
         const State::Unpacked weights = st.unpacked();  // before anything is written (may throw bad_alloc)
+        reference::Layer layer = weights.layer(st);
+        layer.compute = st.compute;  // bf16: the reference rounds where the SIMD path does
         if (cache != nullptr)
-            reference::cached_attention(weights.layer(st), in.query, out.output, opt, *cache);
+            reference::cached_attention(layer, in.query, out.output, opt, *cache);
         else
-            reference::multihead_attention(weights.layer(st), in, out, opt);
+            reference::multihead_attention(layer, in, out, opt);
     } else {
         simd_multihead_attention(st, in, out, opt, workspace, cache);
     }

@@ -8,6 +8,9 @@
 //       H·d, seed 003's slices; KV head h / (H / Hkv)), scale 1/sqrt(d), masks, causal as opt says
 //   out_b = C·Woᵀ + bo (Wo [E, H·d]), then optionally LayerNorm(out_b + query_b).
 //   need_weights: per_head is attention_core's [H, Lq, Lk] probabilities; averaged their mean over H.
+// layer.compute bf16: query/key/value and the weights enter the projections rounded to bfloat16 (reference::
+// linear, sums in double); Q, K, V are rounded after bias and RoPE; attention_core rounds P; C is rounded
+// before the output projection (Wo rounded too); the post-norm block stays fp32.
 // Preconditions (checked by the public API): the Layer resolved (every size set, every bias non-null,
 // rope->dims set), key/value non-null, shapes and masks as documented, outputs not overlapping inputs.
 // Allocates its own scratch, one batch at a time.
@@ -18,13 +21,6 @@
 
 namespace mha::reference {
 namespace {
-
-// y = x·Wᵀ + bias for y [rows, n], x [rows, k], W [n, k].
-void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
-    reference::gemm(1.0f, x, Trans::no, w, Trans::yes, 0.0f, y);
-    for (std::size_t i = 0; i < y.rows; ++i)
-        for (std::size_t j = 0; j < y.cols; ++j) y(i, j) += bias[j];
-}
 
 // Rotates each of the `heads` d-wide head rows of every row of x (a projection [L, heads·d]), row i at
 // position start + i.
@@ -68,15 +64,17 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
     const Matrix Q(q.data(), Lq, H * d), K(k.data(), Lk, Hkv * d), V(v.data(), Lk, Hkv * d), C(ctx.data(), Lq, H * d);
 
     for (std::size_t b = 0; b < B; ++b) {
-        linear(in.query[b], wq, layer.bq, Q);
-        linear(in.key[b], wk, layer.bk, K);
-        linear(in.value[b], wv, layer.bv, V);
+        const DataType ct = layer.compute;
+        linear(in.query[b], wq, layer.bq, Q, ct);
+        linear(in.key[b], wk, layer.bk, K, ct);
+        linear(in.value[b], wv, layer.bv, V, ct);
         if (layer.rope) {
             const std::size_t start = opt.positions ? opt.positions[b] : opt.position_offset;
             const std::size_t query_start = opt.causal_alignment == CausalAlignment::bottom_right ? start + Lk - Lq : start;
             rope_rows(Q, H, d, *layer.rope, query_start);
             rope_rows(K, Hkv, d, *layer.rope, start);
         }
+        if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
 
         // Batch b's heads: [1, heads, L, d] views of the projections (row stride heads·d, head stride d).
         SdpaInputs core;
@@ -89,7 +87,7 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
                    : opt.need_weights == NeedWeights::averaged ? probs.data()
                                                                : nullptr;
         attention_core(core, Heads(ctx.data(), 1, H, Lq, d, Lq * H * d, d, H * d), scale, opt.causal,
-                       opt.causal_alignment, p);
+                       opt.causal_alignment, p, ct);
 
         if (opt.need_weights == NeedWeights::averaged) {
             float* dst = out.attn_weights + b * Lq * Lk;
@@ -99,7 +97,8 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
         }
 
         const Matrix y = out.output[b];
-        linear(C, wo, layer.bo, y);
+        if (ct == DataType::bf16) round_to_bf16(C);
+        linear(C, wo, layer.bo, y, ct);
         if (opt.norm_eps) {
             const ConstMatrix x = in.query[b];
             for (std::size_t i = 0; i < Lq; ++i)

@@ -6,6 +6,8 @@
 //   C = attention_core over Q and the cache's n_b + Lq rows as stored (bf16 / f16 widened to float, exactly),
 //       scale 1/sqrt(d), causal bottom-right
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + x_b)
+// layer.compute bf16: rounded as reference::multihead_attention rounds (the cache receives K and V rounded to
+// bfloat16, exact in its floats).
 // Preconditions (checked by the public API): layer resolved, self-attention weights (kdim = vdim = E), the
 // cache's Hkv and d the layer's, n_b + Lq <= capacity, output not overlapping query or cache.
 #include <cmath>
@@ -15,16 +17,6 @@
 #include "reference.hpp"
 
 namespace mha::reference {
-namespace {
-
-void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y) {
-    reference::gemm(1.0f, x, Trans::no, w, Trans::yes, 0.0f, y);
-    for (std::size_t i = 0; i < y.rows; ++i)
-        for (std::size_t j = 0; j < y.cols; ++j) y(i, j) += bias[j];
-}
-
-}  // namespace
-
 void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache) {
     const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
     const std::size_t B = query.batch, Lq = query.rows, capacity = cache.capacity();
@@ -34,14 +26,16 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
     for (std::size_t b = 0; b < B; ++b) {
         const std::size_t n = cache.length(b);
         const ConstMatrix x = query[b];
-        linear(x, wq, layer.bq, Q);
-        linear(x, wk, layer.bk, K);
-        linear(x, wv, layer.bv, V);
+        const DataType ct = layer.compute;
+        linear(x, wq, layer.bq, Q, ct);
+        linear(x, wk, layer.bk, K, ct);
+        linear(x, wv, layer.bv, V, ct);
         if (layer.rope)
             for (std::size_t i = 0; i < Lq; ++i) {
                 for (std::size_t h = 0; h < H; ++h) rope_row(Q.row(i) + h * d, *layer.rope, n + i);
                 for (std::size_t h = 0; h < Hkv; ++h) rope_row(K.row(i) + h * d, *layer.rope, n + i);
             }
+        if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
         std::vector<float> kc(Hkv * (n + Lq) * d), vc(kc.size());  // the cached rows as floats [Hkv, n + Lq, d]
         // Append: head h of token i is columns [h·d, h·d + d) of row i, rounded to the element type.
         const DataType type = cache.element_type();
@@ -63,9 +57,10 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
         in.key = ConstHeads::bhld(kc.data(), 1, Hkv, n + Lq, d);
         in.value = ConstHeads::bhld(vc.data(), 1, Hkv, n + Lq, d);
         attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
-                       CausalAlignment::bottom_right, nullptr);
+                       CausalAlignment::bottom_right, nullptr, ct);
         const Matrix y = output[b];
-        linear(C, wo, layer.bo, y);
+        if (ct == DataType::bf16) round_to_bf16(C);
+        linear(C, wo, layer.bo, y, ct);
         if (opt.norm_eps)
             for (std::size_t i = 0; i < Lq; ++i)
                 layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);

@@ -16,6 +16,14 @@ namespace mha::reference {
 // C = alpha·op(A)·op(B) + beta·C; beta == 0 does not read C.
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c) noexcept;
 
+// y = x·Wᵀ + bias for y [rows, n], x [rows, k], W [n, k], bias [n]. f32: reference::gemm, then the bias
+// added in float. bf16: x and W rounded to bfloat16 (round_to_bf16), each Σ x·w + bias summed in double and
+// rounded once to float. y must not overlap x or W.
+void linear(ConstMatrix x, ConstMatrix w, const float* bias, Matrix y, DataType compute);
+
+// Every element of x replaced by round_to_bf16 of itself.
+void round_to_bf16(Matrix x) noexcept;
+
 // In place on x[0, n): z_j = scale·x_j + mask0_j + mask1_j for j < n_valid (masks may be null), and
 // z_j = -inf where a mask entry is -inf (a masked entry's x does not matter, even NaN);
 // x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, 0 for j >= n_valid.
@@ -31,10 +39,14 @@ void layernorm_row(float* y, const float* x, const float* residual, std::size_t 
                    const float* beta, float eps) noexcept;
 
 // A layer's resolved shape (no zero defaults left: Hkv, d, kdim, vdim and rope->dims set) and its plain
-// row-major weights, every bias non-null.
+// row-major weights, every bias non-null. compute (AttentionConfig::compute, f32 or bf16): with bf16 the
+// inputs, the weights Wq/Wk/Wv/Wo, Q, K and V (after bias and RoPE), the normalized probabilities P (as the
+// input of P·V only) and the attention output C are rounded with round_to_bf16, and every product of
+// rounded values is accumulated in double and rounded once to float; biases, softmax, RoPE, layernorm fp32.
 struct Layer {
     std::size_t E = 0, H = 0, Hkv = 0, d = 0, kdim = 0, vdim = 0;
     std::optional<RopeConfig> rope;
+    DataType compute = DataType::f32;
     const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // [H·d, E] [Hkv·d, kdim] [Hkv·d, vdim] [E, H·d]
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // [H·d] [Hkv·d] [Hkv·d] [E]
     const float *norm_w = nullptr, *norm_b = nullptr;                         // [E] or nullptr (ones / zeros)
@@ -47,8 +59,10 @@ void rope_row(float* x, const RopeConfig& rope, std::size_t position) noexcept;
 // The attention core of mha/sdpa.hpp on projected heads, plain loops: scores, masks (a masked key's score
 // is -inf whatever Q·K gave), softmax rows, P·V over the unmasked keys. probs: nullptr or [B, H, Lq, Lk]
 // contiguous, receives the probabilities. Inputs validated by the caller. Allocates its own scratch.
+// compute bf16: q, k and v are read rounded to bfloat16 (round_to_bf16), the scores q·k and P·V are
+// accumulated in double, and P enters P·V normalized and rounded to bfloat16 (probs receives the rounded P).
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
-                    float* probs);
+                    float* probs, DataType compute = DataType::f32);
 
 // Multi-head attention as documented in mha/attention.hpp. Inputs validated by the caller; key/value
 // already resolved (non-null). Allocates its own scratch. Writes out.output (and out.attn_weights if

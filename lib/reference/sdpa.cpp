@@ -8,6 +8,9 @@
 //   out_h = Σ over the unmasked keys j of P(i, j)·v_{h/G}(j, :)  (a masked key never contributes, even
 //   when its value row is NaN or ±inf)
 // probs (nullable) receives P as [B, H, Lq, Lk] contiguous.
+// compute bf16 (AttentionConfig::compute): q, k, v read as round_to_bf16 of their values, S = float(scale·
+// Σ q·k) with the sum in double, P (fp32 softmax) rounded to bfloat16 after normalization as the input of
+// P·V, whose sum runs in double; probs receives that rounded P (the attention weights of a bf16 layer).
 // Preconditions (checked by the public API): H % Hkv == 0, shapes agree (q.dim == k.dim, out [B, H, Lq, dv]),
 // masks of the documented shapes, out does not overlap the inputs. Allocates its own scratch.
 #include <cstddef>
@@ -42,7 +45,8 @@ bool causal_masked(CausalAlignment alignment, std::size_t i, std::size_t j, std:
 }  // namespace
 
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
-                    float* probs) {
+                    float* probs, DataType compute) {
+    const bool bf16 = compute == DataType::bf16;
     const std::size_t B = in.query.batch, H = in.query.heads, G = H / in.key.heads;
     const std::size_t Lq = in.query.rows, Lk = in.key.rows, dv = in.value.dim;
 
@@ -54,7 +58,17 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
         for (std::size_t h = 0; h < H; ++h) {
             const ConstMatrix q = in.query.head(b, h), k = in.key.head(b, h / G), v = in.value.head(b, h / G);
             const Matrix o = out.head(b, h);
-            reference::gemm(scale, q, Trans::no, k, Trans::yes, 0.0f, S);
+            if (bf16) {
+                for (std::size_t i = 0; i < Lq; ++i)
+                    for (std::size_t j = 0; j < Lk; ++j) {
+                        double dot = 0.0;
+                        for (std::size_t c = 0; c < q.cols; ++c)
+                            dot += double(mha::round_to_bf16(q(i, c))) * double(mha::round_to_bf16(k(j, c)));
+                        S(i, j) = static_cast<float>(double(scale) * dot);
+                    }
+            } else {
+                reference::gemm(scale, q, Trans::no, k, Trans::yes, 0.0f, S);
+            }
             for (std::size_t i = 0; i < Lq; ++i) {
                 for (std::size_t j = 0; j < Lk; ++j) {
                     const float kp = in.key_padding_mask.present() ? mask_value(in.key_padding_mask, 0, b, j) : 0.0f;
@@ -70,6 +84,13 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
             // value row is NaN or ±inf (0·NaN would make the row NaN).
             for (std::size_t i = 0; i < Lq; ++i)
                 for (std::size_t c = 0; c < dv; ++c) {
+                    if (bf16) {
+                        double sum = 0.0;
+                        for (std::size_t j = 0; j < Lk; ++j)
+                            if (!masked[i * Lk + j]) sum += double(mha::round_to_bf16(S(i, j))) * double(mha::round_to_bf16(v(j, c)));
+                        o(i, c) = static_cast<float>(sum);
+                        continue;
+                    }
                     float sum = 0.0f;
                     for (std::size_t j = 0; j < Lk; ++j)
                         if (!masked[i * Lk + j]) sum += S(i, j) * v(j, c);
@@ -77,7 +98,7 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
                 }
             if (probs != nullptr) {
                 float* dst = probs + (b * H + h) * Lq * Lk;
-                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = scores[i];
+                for (std::size_t i = 0; i < Lq * Lk; ++i) dst[i] = bf16 ? mha::round_to_bf16(scores[i]) : scores[i];
             }
         }
     }
