@@ -17,6 +17,7 @@
 //   - against the f32 cache holding the unrounded prefix: the half cache's result is within the bound that
 //     gives every cached and new K / V element the rounding term (KVRounding with cached_rows);
 //   - bitwise identical outputs and caches for threads 1, 2 and 3 (decode and grouped paths);
+//   - a NaN token's rows (NaN in the half cache) never reach the tokens before it (decode and grouped paths);
 //   - a Workspace of exactly workspace_bytes(in, opt, cache) suffices on every path and gives the same bits.
 #include <gtest/gtest.h>
 
@@ -366,6 +367,40 @@ TEST_P(HalfCacheLayer, WorkspaceOfTheQueriedSizeSuffices) {
             EXPECT_EQ(bytes, f32_bytes);
         else
             EXPECT_GT(bytes, f32_bytes);
+    }
+}
+
+// A NaN in one new token's input: its K and V round to NaN in the half cache (bf16 / f16 keep NaN), and the
+// tokens before it (causal) stay within their bound of the double value without it; it and the later tokens
+// are NaN. Lq = 4 (decode path: the split's careful P·V over 16-bit rows) and 24 (grouped: widened rows).
+TEST_P(HalfCacheLayer, NanTokenDoesNotReachEarlierTokens) {
+    const DataType t = GetParam();
+    for (std::size_t Lq : {4u, 24u}) {
+        SCOPED_TRACE(::testing::Message() << "Lq " << Lq);
+        const HalfStep s(DecoderLayer(64, 8, 2, 32, mha::RopeConfig{10000.0f, 0, mha::RopeStyle::half}, true, false, 9950), Lq,
+                         {600, 20}, 9951);
+        const std::size_t bad = Lq / 2, E = s.layer.E;
+        const mha::MultiheadAttention m = s.layer.make();
+        HalfStep poisoned = s;
+        poisoned.x[bad * E + 3] = std::nanf("");  // sequence 0, token `bad`
+        const mha::KVCache before = s.cache(t);
+        const auto ex = mha_decode_test::step_double(s.layer.ref(), s.x.data(), s.B, Lq, &before, KVRounding::of(t));
+        auto check = [&](mha::Backend backend) {
+            mha::KVCache c = poisoned.cache(t);
+            const std::vector<float> got = poisoned.run(m, c, backend);
+            for (std::size_t b = 0; b < 2; ++b)
+                for (std::size_t i = 0; i < Lq; ++i)
+                    for (std::size_t e = 0; e < E; ++e) {
+                        const std::size_t at = (b * Lq + i) * E + e;
+                        if (b == 0 && i >= bad)
+                            ASSERT_TRUE(std::isnan(got[at])) << "token " << i << " sees the NaN token";
+                        else
+                            ASSERT_LE(std::abs(double(got[at]) - ex.out[at]), mha_test::kDecoderSafety * ex.out_err[at])
+                                << "b " << b << " token " << i << " col " << e;
+                    }
+        };
+        check(mha::Backend::scalar);
+        mha_test::for_each_cpu_isa([&](mha::Isa) { check(mha::Backend::simd); });
     }
 }
 
