@@ -4,6 +4,8 @@
 // resident memory staying bounded over a loop of forwards whose shapes grow and shrink.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -74,6 +76,27 @@ TEST(Memory, WeightBytesIsOnePackedCopy) {
     wn.norm_weight = gamma.data();
     wn.norm_bias = beta.data();
     EXPECT_EQ(mha::MultiheadAttention(wn, E, 12).weight_bytes(), expected + 2 * E * sizeof(float));
+}
+
+TEST(Memory, WeightBytesOfABf16Layer) {
+    // bf16 compute on AVX512_BF16 keeps the bf16 panels (2 bytes per weight) next to the fp32 copies of the
+    // rounded weights; a forward reads the panels only. At E = 768 there is no padding either way.
+    const std::size_t E = 768;
+    const Weights w(E);
+    const std::size_t fp32 = (4 * E * E + 4 * E) * sizeof(float), biases = 4 * E * sizeof(float);
+    const mha::MultiheadAttention f(w.get(), E, 12);
+    EXPECT_EQ(f.weight_bytes_read(), fp32);
+    const mha::MultiheadAttention m(w.get(), mha::AttentionConfig{E, 12, 0, 0, 0, 0, std::nullopt, mha::DataType::bf16});
+    if (mha::active_isa() < mha::Isa::avx512_bf16) {
+        EXPECT_EQ(m.weight_bytes(), fp32);
+        EXPECT_EQ(m.weight_bytes_read(), fp32);
+        return;
+    }
+    EXPECT_EQ(m.weight_bytes(), fp32 + 4 * E * E * 2);
+    EXPECT_EQ(m.weight_bytes_read(), 4 * E * E * 2 + biases);
+    mha::set_isa_cap(mha::Isa::avx512);  // below the bf16 kernels the rounded fp32 copies are read
+    EXPECT_EQ(m.weight_bytes_read(), fp32);
+    mha::set_isa_cap(mha::Isa::avx512_bf16);
 }
 
 TEST(Memory, WeightBytesCountsPanelPadding) {

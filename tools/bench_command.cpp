@@ -16,7 +16,7 @@
 //              call (outside the timed region) every sequence is truncated back to Lk, so each call appends the
 //              same Lq tokens. Self-attention; separate q/k/v weights unless H = Hkv and H·d = E (packed).
 //              gflops = (2·B·Lq·(E·H·d + 2·E·Hkv·d + H·d·E) + 4·B·H·Lq·(Lk + Lq)·d) / t
-//              gbps   = (weight bytes + K/V cache bytes read) / t, weight bytes = MultiheadAttention::weight_bytes()
+//              gbps   = (weight bytes + K/V cache bytes read) / t, weight bytes = MultiheadAttention::weight_bytes_read()
 //                       (packed projections with their padding, biases), cache bytes = 2·B·Hkv·(Lk + Lq)·d·4
 //   gemm       C[m, n] = A[m, k]·B[n, k]ᵀ        gflops = 2·m·n·k / t
 //   softmax    [rows, cols] in place              gbps   = 2·rows·cols·4 bytes / t   (read + write)
@@ -302,14 +302,14 @@ void bench_command(const BenchOptions& opt) {
                 });
             const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
             flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * lq * (lk + lq) * hd;
-            const double weight_bytes = double(attention.weight_bytes());
+            const double weight_bytes = double(attention.weight_bytes_read());
             const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, data_type_bytes(opt.kv_type)});
             bytes = weight_bytes + double(cache_bytes);
             j["impl"] = impl_name(opt.impl);
             j["batch"] = B, j["kv_seq"] = Lk, j["seq"] = Lq, j["embed"] = E, j["heads"] = H;
             j["kv_heads"] = Hkv, j["head_dim"] = d;
             j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);
-            j["weight_bytes"] = attention.weight_bytes();
+            j["weight_bytes"] = attention.weight_bytes_read();
             j["cache_bytes"] = cache_bytes;
             j["kv_type"] = std::string(data_type_name(opt.kv_type));
             shape = "batch=" + std::to_string(B) + " kv_seq=" + std::to_string(Lk) + " seq=" + std::to_string(Lq) +

@@ -227,6 +227,9 @@ public:
     // bf16 compute on AVX512_BF16 also their bf16 panels), the biases and the norm parameters. 0 on a
     // moved-from object.
     std::size_t weight_bytes() const noexcept;
+    // Bytes of packed weights and biases one SIMD forward reads at the current ISA cap: the bf16 panels when a
+    // bf16 layer runs on the bf16 kernels, else the fp32 copies (what a decode step streams from memory).
+    std::size_t weight_bytes_read() const noexcept;
 
     struct State;  // weights (and packed weights); defined in lib/attention
 

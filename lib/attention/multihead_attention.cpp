@@ -181,6 +181,7 @@ std::size_t MultiheadAttention::kdim() const noexcept { return state_ ? state_->
 std::size_t MultiheadAttention::vdim() const noexcept { return state_ ? state_->vdim : 0; }
 
 std::size_t MultiheadAttention::weight_bytes() const noexcept { return state_ ? state_->bytes() : 0; }
+std::size_t MultiheadAttention::weight_bytes_read() const noexcept { return state_ ? state_->bytes_read() : 0; }
 
 void MultiheadAttention::forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& opt) const {
     run(in, out, opt, nullptr);

@@ -60,6 +60,13 @@ struct MultiheadAttention::State {
         }
     };
     Unpacked unpacked() const;
+    // The weights a SIMD forward reads now (see MultiheadAttention::weight_bytes_read).
+    std::size_t bytes_read() const noexcept {
+        const std::size_t small = (in_b.size() + out_b.size() + norm_w.size() + norm_b.size()) * sizeof(float);
+        if (has_bf16_weights() && simd::bf16_kernels_available())
+            return in_proj16.bytes() + q_proj16.bytes() + k_proj16.bytes() + v_proj16.bytes() + out_proj16.bytes() + small;
+        return in_proj.bytes() + q_proj.bytes() + k_proj.bytes() + v_proj.bytes() + out_proj.bytes() + small;
+    }
     std::size_t bytes() const noexcept {
         return in_proj.bytes() + q_proj.bytes() + k_proj.bytes() + v_proj.bytes() + out_proj.bytes() + in_proj16.bytes() +
                q_proj16.bytes() + k_proj16.bytes() + v_proj16.bytes() + out_proj16.bytes() +
