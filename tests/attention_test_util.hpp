@@ -90,6 +90,19 @@ inline Mask random_float_mask(std::vector<std::size_t> dims, double inf_density,
     return m;
 }
 
+// The masks of a test case by kind: key_padding 0 none, 1 bool, 2 float ([B, Lk], density 0.25); attn_mask 0
+// none, 1 bool / 2 float [Lq, Lk], 3 bool / 4 float [B·H, Lq, Lk] (densities bool_density / float_density).
+inline void random_case_masks(int key_padding, int attn_mask, std::size_t B, std::size_t H, std::size_t Lq, std::size_t Lk,
+                              double bool_density, double float_density, std::uint32_t seed, Mask& kpm, Mask& am) {
+    if (key_padding == 1) kpm = random_bool_mask({B, Lk}, 0.25, seed);
+    if (key_padding == 2) kpm = random_float_mask({B, Lk}, 0.25, seed);
+    const std::vector<std::size_t> am2{Lq, Lk}, am3{B * H, Lq, Lk};
+    if (attn_mask == 1) am = random_bool_mask(am2, bool_density, seed + 1);
+    if (attn_mask == 2) am = random_float_mask(am2, float_density, seed + 1);
+    if (attn_mask == 3) am = random_bool_mask(am3, bool_density, seed + 1);
+    if (attn_mask == 4) am = random_float_mask(am3, float_density, seed + 1);
+}
+
 struct Problem {
     std::size_t E = 0, H = 1, B = 1, Lq = 1, Lk = 1;
     std::vector<float> in_w, in_b, out_w, out_b, norm_w, norm_b;  // norm_*: empty = not given

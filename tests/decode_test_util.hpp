@@ -260,6 +260,21 @@ inline StepExpected step_double(const LayerRef& L, const float* x, std::size_t B
     return ex;
 }
 
+// Cached prefixes for a decode step: per sequence b, K [1, Hkv, prefix[b], d] uniform in ±2 (the magnitude the
+// projections give) and V uniform in ±0.5 plus a mean per (KV head, column), as trained values have, so that
+// outputs over hundreds of keys do not average out to near zero (which would leave the Σ p·|v| bounds large).
+inline void random_prefixes(std::size_t Hkv, std::size_t d, const std::vector<std::size_t>& prefix, std::uint32_t seed,
+                            std::vector<std::vector<float>>& pk, std::vector<std::vector<float>>& pv) {
+    const std::vector<float> mean = uniform(Hkv * d, 1.0f, seed + 500);
+    for (std::size_t b = 0; b < prefix.size(); ++b) {
+        pk.push_back(uniform(Hkv * prefix[b] * d, 2.0f, seed + 10 * std::uint32_t(b)));
+        pv.push_back(uniform(Hkv * prefix[b] * d, 0.5f, seed + 10 * std::uint32_t(b) + 1));
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t j = 0; j < prefix[b]; ++j)
+                for (std::size_t c = 0; c < d; ++c) pv[b][(h * prefix[b] + j) * d + c] += mean[h * d + c];
+    }
+}
+
 inline std::vector<double> times(const std::vector<double>& x, double c) {
     std::vector<double> y(x);
     for (double& t : y) t *= c;

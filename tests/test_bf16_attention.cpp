@@ -78,13 +78,7 @@ struct Data {
         }
         query = uniform(c.B * c.Lq * c.E, 1.0f, seed + 10);
         if (!c.self) key = uniform(c.B * c.Lk * kdim, 1.0f, seed + 11), value = uniform(c.B * c.Lk * vdim, 1.0f, seed + 12);
-        if (c.key_padding == 1) kpm = mha_test::random_bool_mask({c.B, c.Lk}, 0.25, seed + 13);
-        if (c.key_padding == 2) kpm = mha_test::random_float_mask({c.B, c.Lk}, 0.25, seed + 13);
-        const std::vector<std::size_t> am2{c.Lq, c.Lk}, am3{c.B * c.H, c.Lq, c.Lk};
-        if (c.attn_mask == 1) am = mha_test::random_bool_mask(am2, 0.2, seed + 14);
-        if (c.attn_mask == 2) am = mha_test::random_float_mask(am2, 0.2, seed + 14);
-        if (c.attn_mask == 3) am = mha_test::random_bool_mask(am3, 0.2, seed + 14);
-        if (c.attn_mask == 4) am = mha_test::random_float_mask(am3, 0.2, seed + 14);
+        mha_test::random_case_masks(c.key_padding, c.attn_mask, c.B, c.H, c.Lq, c.Lk, 0.2, 0.2, seed + 13, kpm, am);
     }
     const float* key_data() const { return c.self ? query.data() : key.data(); }
     const float* value_data() const { return c.self ? query.data() : value.data(); }

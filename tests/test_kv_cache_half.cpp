@@ -160,15 +160,7 @@ struct HalfStep {
     HalfStep(DecoderLayer l, std::size_t lq, std::vector<std::size_t> n, std::uint32_t seed)
         : layer(std::move(l)), B(n.size()), Lq(lq), prefix(std::move(n)) {
         capacity = *std::max_element(prefix.begin(), prefix.end()) + Lq;
-        // Values with a mean per (head, column) so that outputs do not average out (see test_decode.cpp).
-        const std::vector<float> mean = mha_decode_test::uniform(layer.Hkv * layer.d, 1.0f, seed + 500);
-        for (std::size_t b = 0; b < B; ++b) {
-            pk.push_back(mha_decode_test::uniform(layer.Hkv * prefix[b] * layer.d, 2.0f, seed + 10 * std::uint32_t(b)));
-            pv.push_back(mha_decode_test::uniform(layer.Hkv * prefix[b] * layer.d, 0.5f, seed + 10 * std::uint32_t(b) + 1));
-            for (std::size_t h = 0; h < layer.Hkv; ++h)
-                for (std::size_t j = 0; j < prefix[b]; ++j)
-                    for (std::size_t c = 0; c < layer.d; ++c) pv[b][(h * prefix[b] + j) * layer.d + c] += mean[h * layer.d + c];
-        }
+        mha_decode_test::random_prefixes(layer.Hkv, layer.d, prefix, seed, pk, pv);
         x = mha_decode_test::uniform(B * Lq * layer.E, 1.0f, seed + 999);
     }
     // A cache of type t holding the prefixes, each element first passed through `f` (identity: the cache rounds).

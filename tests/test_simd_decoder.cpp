@@ -111,13 +111,7 @@ struct Layer {
         }
         query = uniform(c.B * c.Lq * c.E, 1.0f, seed + 8);
         if (!c.self) key = uniform(c.B * c.Lk * kdim, 1.0f, seed + 9), value = uniform(c.B * c.Lk * vdim, 1.0f, seed + 10);
-        if (c.key_padding == 1) key_padding_mask = mha_test::random_bool_mask({c.B, c.Lk}, 0.25, seed + 11);
-        if (c.key_padding == 2) key_padding_mask = mha_test::random_float_mask({c.B, c.Lk}, 0.25, seed + 11);
-        const std::vector<std::size_t> am2{c.Lq, c.Lk}, am3{c.B * c.H, c.Lq, c.Lk};
-        if (c.attn_mask == 1) attn_mask = mha_test::random_bool_mask(am2, 0.25, seed + 12);
-        if (c.attn_mask == 2) attn_mask = mha_test::random_float_mask(am2, 0.2, seed + 12);
-        if (c.attn_mask == 3) attn_mask = mha_test::random_bool_mask(am3, 0.25, seed + 12);
-        if (c.attn_mask == 4) attn_mask = mha_test::random_float_mask(am3, 0.2, seed + 12);
+        mha_test::random_case_masks(c.key_padding, c.attn_mask, c.B, c.H, c.Lq, c.Lk, 0.25, 0.2, seed + 11, key_padding_mask, attn_mask);
     }
 
     const float* key_data() const { return c.self ? query.data() : key.data(); }
