@@ -10,6 +10,8 @@
 // Inputs and weights: uniform, like nn.Linear's init (±gain/√fan_in) and inputs in [-1, 1]; fixed seeds.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -421,6 +423,9 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
     mha_bf16::for_each_isa([&](mha::Isa) {
         const mha::MultiheadAttention m = all.make(mha::DataType::bf16);
         mha::KVCache simd_cache(B, Hkv, d, total), ref_cache(B, Hkv, d, total);
+        // bf16 compute stores K and V already rounded to bf16: a bf16 cache holds them exactly, so a forward on it
+        // must give the f32 cache's output bit for bit (the decode kernels widen exactly; prefill widens first).
+        mha::KVCache half_cache(B, Hkv, d, total, mha::DataType::bf16);
         std::size_t n = 0;
         for (std::size_t lq : steps) {
             SCOPED_TRACE(::testing::Message() << lq << " tokens after " << n);
@@ -439,6 +444,9 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
             in.query = mha::ConstBatch(q.data(), B, lq, E);
             mha::ForwardOptions o;
             m.forward(in, {mha::Batch(out_simd.data(), B, lq, E)}, o, simd_cache);
+            std::vector<float> out_half(B * lq * E, NAN);
+            m.forward(in, {mha::Batch(out_half.data(), B, lq, E)}, o, half_cache);
+            EXPECT_EQ(std::memcmp(out_half.data(), out_simd.data(), out_simd.size() * sizeof(float)), 0) << "bf16 cache vs f32 cache";
             o.backend = mha::Backend::scalar;
             m.forward(in, {mha::Batch(out_ref.data(), B, lq, E)}, o, ref_cache);
             EXPECT_TRUE(mha_test::all_within(out_ref, ex.out.o, scaled(ex.out.e, kOracleFactor))) << "reference against the oracle";
