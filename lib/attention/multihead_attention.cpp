@@ -1,4 +1,4 @@
-// MultiheadAttention: owns the weights, validates every forward argument at the public API, then
+// MultiheadAttention: owns the weights, validates every forward argument at the public API (validate_call.hpp), then
 // runs the scalar reference or the SIMD backend. Nothing is written before validation passes.
 #include <algorithm>
 #include <cmath>

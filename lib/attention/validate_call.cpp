@@ -6,7 +6,6 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "attention_core.hpp"
