@@ -113,18 +113,12 @@ ConstHeads KVCache::values() const {
 
 template <class T>
 HeadsView<const T> KVCache::keys_as() const {
-    check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
-                  "keys_as / values_as");
-    const detail::KVRows r = detail::KVCacheAccess::keys(*this);
-    return {static_cast<const T*>(r.base), batch_, kv_heads_, capacity_, head_dim_, r.batch_stride, r.head_stride, r.row_stride};
+    return detail::KVCacheAccess::typed<T>(*this, false);
 }
 
 template <class T>
 HeadsView<const T> KVCache::values_as() const {
-    check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
-                  "keys_as / values_as");
-    const detail::KVRows r = detail::KVCacheAccess::values(*this);
-    return {static_cast<const T*>(r.base), batch_, kv_heads_, capacity_, head_dim_, r.batch_stride, r.head_stride, r.row_stride};
+    return detail::KVCacheAccess::typed<T>(*this, true);
 }
 
 template HeadsView<const float> KVCache::keys_as<float>() const;
@@ -184,6 +178,14 @@ void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
 }
 
 namespace detail {
+
+template <class T>
+HeadsView<const T> KVCacheAccess::typed(const KVCache& c, bool values) {
+    c.check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
+                    "keys_as / values_as");
+    const KVRows r = rows(c, values);
+    return {static_cast<const T*>(r.base), c.batch_, c.kv_heads_, c.capacity_, c.head_dim_, r.batch_stride, r.head_stride, r.row_stride};
+}
 
 float* KVCacheAccess::key_data(KVCache& c) {
     c.check_element(DataType::f32, "key_data()");

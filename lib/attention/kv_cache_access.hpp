@@ -25,6 +25,9 @@ struct KVCacheAccess {
     static KVRows values(const KVCache& c) noexcept { return rows(c, true); }
     // Unchecked: n <= capacity (the forward validated it).
     static void set_length(KVCache& c, std::size_t b, std::size_t n) noexcept { c.lengths_[b] = n; }
+    // The typed views of KVCache::keys_as / values_as (kv_cache.cpp).
+    template <class T>
+    static HeadsView<const T> typed(const KVCache& c, bool values);
     // Mutable storage: fp32 rows of an f32 cache (mha::invalid_argument otherwise), or raw bytes of any type.
     static float* key_data(KVCache& c);
     static float* value_data(KVCache& c);
