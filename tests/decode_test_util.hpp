@@ -43,6 +43,7 @@
 #include <mha/mha.hpp>
 
 #include "attention_test_util.hpp"
+#include "attention/kv_cache_access.hpp"
 
 namespace mha_decode_test {
 
@@ -322,12 +323,12 @@ inline mha::KVCache filled_cache(std::size_t B, std::size_t Hkv, std::size_t d, 
     mha::KVCache c(B, Hkv, d, capacity, type);
     const std::size_t n = B * Hkv * capacity * d;
     if (type == mha::DataType::f32) {
-        std::fill(c.key_data(), c.key_data() + n, fill);
-        std::fill(c.value_data(), c.value_data() + n, fill);
+        std::fill(mha::detail::KVCacheAccess::key_data(c), mha::detail::KVCacheAccess::key_data(c) + n, fill);
+        std::fill(mha::detail::KVCacheAccess::value_data(c), mha::detail::KVCacheAccess::value_data(c) + n, fill);
     } else {
         const std::uint16_t h = type == mha::DataType::bf16 ? mha::bfloat16::from_float(fill).bits : mha::float16::from_float(fill).bits;
-        std::fill_n(static_cast<std::uint16_t*>(c.key_storage()), n, h);
-        std::fill_n(static_cast<std::uint16_t*>(c.value_storage()), n, h);
+        std::fill_n(static_cast<std::uint16_t*>(mha::detail::KVCacheAccess::key_storage(c)), n, h);
+        std::fill_n(static_cast<std::uint16_t*>(mha::detail::KVCacheAccess::value_storage(c)), n, h);
     }
     return c;
 }

@@ -123,8 +123,8 @@ TEST_P(HalfCache, StoresRoundedElementsAndRefusesFloatViews) {
     EXPECT_THROW((void)c.values(1, 0), mha::invalid_argument);
     EXPECT_THROW((void)c.keys(), mha::invalid_argument);
     EXPECT_THROW((void)c.values(), mha::invalid_argument);
-    EXPECT_THROW((void)c.key_data(), mha::invalid_argument);
-    EXPECT_THROW((void)c.value_data(), mha::invalid_argument);
+    EXPECT_THROW((void)mha::detail::KVCacheAccess::key_data(c), mha::invalid_argument);
+    EXPECT_THROW((void)mha::detail::KVCacheAccess::value_data(c), mha::invalid_argument);
     std::vector<float> small(4 * d);
     EXPECT_THROW(c.copy_keys(1, 0, mha::Matrix(small.data(), 4, d)), mha::invalid_argument);  // length is 5
     EXPECT_THROW(c.copy_keys(1, 3, mha::Matrix(small.data(), 5, d)), mha::invalid_argument);  // no KV head 3

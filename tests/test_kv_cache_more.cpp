@@ -310,8 +310,8 @@ void poison_stale_rows(mha::KVCache& c) {
     for (std::size_t b = 0; b < c.batch(); ++b)
         for (std::size_t h = 0; h < c.kv_heads(); ++h) {
             const std::size_t at = ((b * c.kv_heads() + h) * cap + c.length(b)) * d, n = (cap - c.length(b)) * d;
-            std::fill_n(c.key_data() + at, n, std::numeric_limits<float>::quiet_NaN());
-            std::fill_n(c.value_data() + at, n, std::numeric_limits<float>::quiet_NaN());
+            std::fill_n(mha::detail::KVCacheAccess::key_data(c) + at, n, std::numeric_limits<float>::quiet_NaN());
+            std::fill_n(mha::detail::KVCacheAccess::value_data(c) + at, n, std::numeric_limits<float>::quiet_NaN());
         }
 }
 
@@ -627,13 +627,13 @@ TEST(KvCacheMore, EveryCacheCallErrorNamesTheProblemAndWritesNothing) {
         {"query overlaps the KV cache", [&](CallSetup& s) { s.in.query = mha::ConstBatch(s.cache->keys().data, B, Lq, E); }},
         {"query overlaps the KV cache",
          [&](CallSetup& s) { s.in.query = mha::ConstBatch(s.cache->values().data + 100, B, Lq, E); }},
-        {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(s.cache->key_data() + 8, B, Lq, E); }, true},
-        {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(s.cache->value_data(), B, Lq, E); }, true},
+        {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(mha::detail::KVCacheAccess::key_data(*s.cache) + 8, B, Lq, E); }, true},
+        {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(mha::detail::KVCacheAccess::value_data(*s.cache), B, Lq, E); }, true},
         {"query has 32 features but embed_dim is 64", [&](CallSetup& s) { s.in.query.cols = 32, s.in.query.row_stride = 32; }, false,
          "query is [2, 2, 32] but must be non-empty with 64 features"},
         {"output is [2, 2, 32] but must be [B, Lq, E]", [&](CallSetup& s) { s.out.output.cols = 32; }, true},
         {"threads -1 is negative", [&](CallSetup& s) { s.opt.threads = -1; }},
-        {"sequence 1 holds 15 tokens; 2 more exceed the KV cache's capacity 16", [&](CallSetup& s) { s.cache->set_length(1, 15); }},
+        {"sequence 1 holds 15 tokens; 2 more exceed the KV cache's capacity 16", [&](CallSetup& s) { mha::detail::KVCacheAccess::set_length(*s.cache, 1, 15); }},
     };
     for (mha::Backend backend : {mha::Backend::scalar, mha::Backend::simd})
         for (const Case& c : cases) {
@@ -766,7 +766,7 @@ TEST(KvCacheMore, WorkspaceOverlappingTheCacheIsRefused) {
             (void)feed(m, x, B, L, 0, 5, ref, o);
             want = feed(m, x, B, L, 5, 1, ref, o);
         }
-        mha::Workspace ws(where == 0 ? static_cast<void*>(big.key_data()) : static_cast<void*>(big.value_data() - 16), bytes);
+        mha::Workspace ws(where == 0 ? static_cast<void*>(mha::detail::KVCacheAccess::key_data(big)) : static_cast<void*>(mha::detail::KVCacheAccess::value_data(big) - 16), bytes);
         std::vector<float> out(B * E, kSentinel);
         try {
             m.forward(in, {mha::Batch(out.data(), B, 1, E)}, o, big, ws);

@@ -10,6 +10,7 @@
 // DataType names the element type of an array or of a computation (see AttentionConfig::compute and
 // KVCache's element type).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -22,8 +23,15 @@ enum class DataType { f32, bf16, f16 };
 constexpr std::string_view data_type_name(DataType t) noexcept {
     return t == DataType::bf16 ? "bf16" : t == DataType::f16 ? "f16" : "f32";
 }
-// Bytes of one element.
-constexpr std::size_t data_type_bytes(DataType t) noexcept { return t == DataType::f32 ? 4 : 2; }
+// Bytes of one element (0 for a value that names no DataType).
+constexpr std::size_t data_type_bytes(DataType t) noexcept {
+    switch (t) {
+        case DataType::f32: return 4;
+        case DataType::bf16:
+        case DataType::f16: return 2;
+    }
+    return 0;
+}
 
 namespace detail {
 inline std::uint32_t float_bits(float x) noexcept {

@@ -23,6 +23,9 @@
 #include "mha/view.hpp"
 
 namespace mha {
+namespace detail {
+struct KVCacheAccess;  // lib/attention/kv_cache_access.hpp
+}
 
 class KVCache {
 public:
@@ -65,12 +68,12 @@ public:
     // Any element type: the raw storage of K / V, [B, Hkv, capacity, d] elements of element_type(), row-major.
     const void* key_storage() const noexcept { return keys_; }
     const void* value_storage() const noexcept { return values_; }
-    // Element-typed views: T is float, bfloat16 or float16 and must match element_type() (else
-    // mha::invalid_argument).
+    // Element-typed views [B, Hkv, capacity, d]: T is float, bfloat16 or float16 and must match element_type()
+    // (else mha::invalid_argument).
     template <class T>
-    HeadsView<const T> keys_as() const { return typed<T>(keys_); }
+    HeadsView<const T> keys_as() const;
     template <class T>
-    HeadsView<const T> values_as() const { return typed<T>(values_); }
+    HeadsView<const T> values_as() const;
     // Sequence b's first length(b) K / V rows of KV head h widened to float (exactly) into dst, which must be
     // [length(b), d] with stride >= d (mha::invalid_argument otherwise, nothing written). Any element type.
     void copy_keys(std::size_t b, std::size_t h, Matrix dst) const;
@@ -82,25 +85,11 @@ public:
     // capacity, nothing written.
     void append(std::size_t b, const ConstHeads& k, const ConstHeads& v);
 
-    // Internal (the forward that appends): mutable storage, and the length set after a successful append.
-    // key_data / value_data are the fp32 rows of an f32 cache (mha::invalid_argument otherwise).
-    float* key_data();
-    float* value_data();
-    void* key_storage() noexcept { return keys_; }
-    void* value_storage() noexcept { return values_; }
-    void set_length(std::size_t b, std::size_t n) noexcept { lengths_[b] = n; }
-
 private:
-    std::size_t head_stride() const noexcept { return capacity_ * head_dim_; }
+    friend struct detail::KVCacheAccess;  // the library's forward: the rows as KVRows, lengths after an append
     void check_sequence(std::size_t b) const;
     void check_element(DataType t, const char* what) const;
-    void copy_rows(const void* base, std::size_t b, std::size_t h, Matrix dst, const char* what) const;
-    template <class T>
-    HeadsView<const T> typed(const void* base) const {
-        check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
-                      "keys_as / values_as");
-        return {static_cast<const T*>(base), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
-    }
+    void copy_rows(bool values, std::size_t b, std::size_t h, Matrix dst, const char* what) const;
     std::size_t batch_ = 0, kv_heads_ = 0, head_dim_ = 0, capacity_ = 0;
     DataType element_ = DataType::f32;
     void* keys_ = nullptr;

@@ -15,7 +15,11 @@
 //     only path that can return the probabilities (need_weights). It reads K and V once per (query head,
 //     64-row query block).
 // Preconditions: arguments validated by the public entry point; scratch laid out by core_layout.
+// Files: this interface; core_layout.cpp (path choice, scratch); core_context.* (what the paths share: key
+// visibility, the mask / non-finite value policy, slots); core_materialized.cpp, core_grouped.cpp,
+// core_decode.cpp (one path each); attention_core.cpp (run: the path's task loops).
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +28,7 @@
 #include "mha/sdpa.hpp"
 #include "../simd/gemm_bf16.hpp"
 #include "../simd/simd.hpp"
+#include "kv_rows.hpp"
 
 namespace mha::detail {
 
@@ -56,7 +61,7 @@ std::size_t scratch_mul(std::size_t a, std::size_t b);
 
 struct CoreShape {
     std::size_t B = 0, H = 0, Hkv = 0, d = 0, Lq = 0, Lk = 0;
-    bool bf16 = false;  // CoreProblem::bf16
+    DataType compute = DataType::f32;  // CoreProblem::compute
 };
 
 // Where the core's scratch lives, in floats: per-call regions from `call`, per-thread regions from `slot`
@@ -76,11 +81,9 @@ CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_w
 struct CoreProblem {
     ConstHeads q, k, v;  // [B, H, Lq, d], [B, Hkv, Lk, d], [B, Hkv, Lk, d]
     Heads out;           // [B, H, Lq, d]
-    // K and V in a KV cache's 16-bit element type (bf16 / f16), decode path only: k_elements / v_elements hold
-    // them at the element offsets of k / v, whose data pointers are then null. f32: k / v hold the floats.
-    DataType kv_type = DataType::f32;
-    const void* k_elements = nullptr;
-    const void* v_elements = nullptr;
+    // Where decode reads K and V rows (kv_rows.hpp: any element format or layout, e.g. a KV cache's rows in
+    // place); base == nullptr: k / v. The other paths read k / v (fp32 heads).
+    KVRows key_rows, value_rows;
     float scale = 1.0f;
     bool causal = false;
     std::ptrdiff_t causal_shift = 0;
@@ -91,13 +94,18 @@ struct CoreProblem {
     NeedWeights need_weights = NeedWeights::none;
     float* attn_weights = nullptr;  // averaged [B, Lq, Lk] or per_head [B, H, Lq, Lk]
     // bf16 compute (AttentionConfig::compute): q, k, v already hold bf16 values; P is rounded to bf16 as the
-    // input of P·V (so returned weights are the rounded P), and the grouped path runs its GEMMs on the bf16
-    // kernels when the CPU has them.
-    bool bf16 = false;
+    // input of P·V (so returned weights are the rounded P), and the GEMMs run on the bf16 kernels when the
+    // CPU has them (gemm_operands.hpp).
+    DataType compute = DataType::f32;
 };
 
 // The per-thread slot of this thread in the arena (tbb's current_thread_index).
 float* thread_slot(float* slots, std::size_t slot_floats, std::size_t threads) noexcept;
+
+// Query rows of a grouped task: G heads × rows ≈ kGroupRows stacked rows.
+inline std::size_t group_query_rows(std::size_t G, std::size_t Lq) noexcept {
+    return std::min(Lq, std::max<std::size_t>(1, kGroupRows / G));
+}
 
 class AttentionCore {
 public:
@@ -108,61 +116,10 @@ public:
     void run() const;
 
 private:
-    struct Slot;
-    Slot slot() const noexcept;
-    void pack_keys_values() const;  // grouped: panels and value flags
-    void check_values() const;      // materialized: value flags
-    void grouped_task(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows) const;
-    void decode_task(std::size_t b, std::size_t kvh, std::size_t split) const;
-    void decode_merge(std::size_t b, std::size_t kvh) const;
-    // Copies the G heads' query rows [i0, i0 + rows) of KV head kvh into q (row t·rows + r).
-    void stack_queries(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows, Matrix q) const noexcept;
-    void attend_block(std::size_t b, std::size_t h, std::size_t i0, std::size_t rows, Matrix scores,
-                      const simd::GemmScratch& gemm) const;
-    // Keys of batch b (key_lengths[b], or Lk).
-    std::size_t keys_of(std::size_t b) const noexcept { return p_.key_lengths != nullptr ? p_.key_lengths[b] : Lk_; }
-    // Keys visible to query i of batch b by the causal rule (all of batch b's keys without it).
-    std::size_t visible_keys(std::size_t b, std::size_t i) const noexcept;
-    simd::MaskRow key_padding_row(std::size_t b) const noexcept { return key_padding_.from(b * Lk_); }
-    simd::MaskRow attn_mask_row(std::size_t b, std::size_t h, std::size_t i) const noexcept {
-        if (!attn_mask_.present()) return {};
-        return attn_mask_.from(((attn_mask_rank_ == 3 ? (b * H_ + h) * Lq_ : 0) + i) * Lk_);
-    }
-    bool key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept;
-    bool value_nonfinite(std::size_t b, std::size_t kvh) const noexcept {
-        return value_flags_ != nullptr && __atomic_load_n(&value_flags_[b * Hkv_ + kvh], __ATOMIC_RELAXED) != 0;
-    }
-    // The split's scores and P·V (decode_task) on K and V rows of element type E read in place.
-    template <class E>
-    void decode_split(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st, Matrix o,
-                      float* row_max, float* row_sum) const;
-    // Rows [j0, j0 + n) of KV head kvh of batch b in element type E (E = float: p_.k / p_.v).
-    template <class E>
-    MatrixView<const E> kv_rows(bool values, std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n) const noexcept;
-    // Value (j, c) of KV head kvh, widened to float.
-    float value_at(std::size_t b, std::size_t kvh, std::size_t j, std::size_t c) const noexcept;
-    // o[r, :] += Σ_j probs[r, j]·v[j0 + j, :] over the keys not masked for query i0 + r of head h: the P·V of
-    // a KV head whose values are not all finite (0·NaN must not reach o). Plain loops: a rare path.
-    void accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
-                             Matrix o) const noexcept;
-    simd::PanelMatrix key_panels(std::size_t b, std::size_t kvh) const noexcept;
-    simd::PanelMatrix value_panels(std::size_t b, std::size_t kvh) const noexcept;
-
     CoreProblem p_;
     CorePath path_;
-    std::size_t B_, H_, Hkv_, G_, d_, Lq_, Lk_;
-    simd::MaskRow key_padding_, attn_mask_;
-    int attn_mask_rank_ = 0;
-    std::uint8_t* value_flags_ = nullptr;  // [B·Hkv] when masks are present
-    float* key_panels_ = nullptr;
-    float* value_panels_ = nullptr;
-    bool panels16_ = false;  // grouped bf16 on the bf16 kernels: the panel regions hold Bf16Panels
-    simd::Bf16Panels key_panels16(std::size_t b, std::size_t kvh) const noexcept;
-    simd::Bf16Panels value_panels16(std::size_t b, std::size_t kvh) const noexcept;
-    float* partials_ = nullptr;  // decode: per (b, kvh, split) M row maxima, M sums, M×d outputs
-    std::size_t key_panel_stride_ = 0, value_panel_stride_ = 0, key_head_floats_ = 0, value_head_floats_ = 0;
-    Isa panel_isa_ = Isa::sse2;
     CoreLayout layout_;
+    float* base_;
     float* slots_;
     std::size_t slot_floats_, threads_;
 };

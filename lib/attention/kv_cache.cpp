@@ -4,27 +4,21 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <string>
 #include <utility>
 
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
-#include "kv_elements.hpp"
+#include "kv_cache_access.hpp"
 
 namespace mha {
 
 using detail::fail;
 
-namespace {
-// Bytes from the start of sequence b's KV head h, row i, in a cache of element size `size`.
-std::size_t row_offset(std::size_t size, std::size_t kv_heads, std::size_t capacity, std::size_t d, std::size_t b,
-                       std::size_t h, std::size_t i) {
-    return (((b * kv_heads + h) * capacity + i) * d) * size;
-}
-}  // namespace
 
 KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity, DataType element) {
-    if (element != DataType::f32 && element != DataType::bf16 && element != DataType::f16)
+    if (!detail::is_element_type(element))
         fail("KVCache element type " + std::to_string(static_cast<int>(element)) + " is not f32, bf16 or f16");
     if (batch == 0 || kv_heads == 0 || head_dim == 0 || capacity == 0)
         fail("KVCache dimensions must be non-zero: batch " + std::to_string(batch) + ", kv_heads " + std::to_string(kv_heads) +
@@ -33,12 +27,14 @@ KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, 
     n = detail::checked_madd(n, capacity, 0, "KVCache", "size");
     n = detail::checked_madd(n, head_dim, 0, "KVCache", "size");
     detail::checked_extent("KVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "KVCache", "size"));
-    const std::size_t size = data_type_bytes(element), total = 2 * n * size;
+    const std::size_t size = detail::element_format(element).bytes, total = 2 * n * size;
     auto* block = static_cast<unsigned char*>(detail::allocate_aligned(total));
     // 2 MB pages where the kernel allows them: the decode kernels streamed K/V 30-50 % faster from them than
     // from 4 KB pages (bench_decode --huge_pages, M <= 4, on the Zen 4 dev machine). Only a hint: blocks below
     // 1 MiB come from malloc, not page-aligned, and the call then fails harmlessly.
+#ifdef MADV_HUGEPAGE
     madvise(block, total, MADV_HUGEPAGE);
+#endif
     batch_ = batch, kv_heads_ = kv_heads, head_dim_ = head_dim, capacity_ = capacity, element_ = element;
     keys_ = block;
     values_ = block + n * size;  // a multiple of 64 bytes when d is a multiple of 32; alignment is not required
@@ -107,51 +103,56 @@ void KVCache::check_element(DataType t, const char* what) const {
 
 ConstHeads KVCache::keys() const {
     check_element(DataType::f32, "keys()");
-    return {static_cast<const float*>(keys_), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
+    return detail::KVCacheAccess::keys(*this).f32_heads(batch_, kv_heads_, capacity_);
 }
 
 ConstHeads KVCache::values() const {
     check_element(DataType::f32, "values()");
-    return {static_cast<const float*>(values_), batch_, kv_heads_, capacity_, head_dim_, head_stride() * kv_heads_, head_stride(), head_dim_};
+    return detail::KVCacheAccess::values(*this).f32_heads(batch_, kv_heads_, capacity_);
 }
 
-float* KVCache::key_data() {
-    check_element(DataType::f32, "key_data()");
-    return static_cast<float*>(keys_);
+template <class T>
+HeadsView<const T> KVCache::keys_as() const {
+    return detail::KVCacheAccess::typed<T>(*this, false);
 }
 
-float* KVCache::value_data() {
-    check_element(DataType::f32, "value_data()");
-    return static_cast<float*>(values_);
+template <class T>
+HeadsView<const T> KVCache::values_as() const {
+    return detail::KVCacheAccess::typed<T>(*this, true);
 }
+
+template HeadsView<const float> KVCache::keys_as<float>() const;
+template HeadsView<const bfloat16> KVCache::keys_as<bfloat16>() const;
+template HeadsView<const float16> KVCache::keys_as<float16>() const;
+template HeadsView<const float> KVCache::values_as<float>() const;
+template HeadsView<const bfloat16> KVCache::values_as<bfloat16>() const;
+template HeadsView<const float16> KVCache::values_as<float16>() const;
 
 ConstMatrix KVCache::keys(std::size_t b, std::size_t h) const {
     check_sequence(b);
     if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
     check_element(DataType::f32, "keys(b, h)");
-    return {static_cast<const float*>(keys_) + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+    return detail::KVCacheAccess::keys(*this).run_view<float>(b, h, 0, lengths_[b]);
 }
 
 ConstMatrix KVCache::values(std::size_t b, std::size_t h) const {
     check_sequence(b);
     if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
     check_element(DataType::f32, "values(b, h)");
-    return {static_cast<const float*>(values_) + (b * kv_heads_ + h) * head_stride(), lengths_[b], head_dim_, head_dim_};
+    return detail::KVCacheAccess::values(*this).run_view<float>(b, h, 0, lengths_[b]);
 }
 
-void KVCache::copy_rows(const void* base, std::size_t b, std::size_t h, Matrix dst, const char* what) const {
+void KVCache::copy_rows(bool values, std::size_t b, std::size_t h, Matrix dst, const char* what) const {
     check_sequence(b);
     if (h >= kv_heads_) fail("KV head " + std::to_string(h) + " is out of range: the cache has " + std::to_string(kv_heads_));
     if (dst.rows != lengths_[b] || dst.cols != head_dim_ || dst.stride < dst.cols || (dst.data == nullptr && dst.rows != 0))
         fail(std::string(what) + ": dst is " + detail::shape_str(dst.rows, dst.cols) + " with stride " + std::to_string(dst.stride) +
              " but must be [length(b), d] = " + detail::shape_str(lengths_[b], head_dim_) + " with stride >= d");
-    const std::size_t size = data_type_bytes(element_);
-    const auto* src = static_cast<const unsigned char*>(base) + row_offset(size, kv_heads_, capacity_, head_dim_, b, h, 0);
-    for (std::size_t i = 0; i < dst.rows; ++i) detail::widen_row(element_, src + i * head_dim_ * size, dst.row(i), head_dim_);
+    detail::KVCacheAccess::rows(*this, values).widen(b, h, 0, dst.rows, dst);
 }
 
-void KVCache::copy_keys(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(keys_, b, h, dst, "copy_keys"); }
-void KVCache::copy_values(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(values_, b, h, dst, "copy_values"); }
+void KVCache::copy_keys(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(false, b, h, dst, "copy_keys"); }
+void KVCache::copy_values(std::size_t b, std::size_t h, Matrix dst) const { copy_rows(true, b, h, dst, "copy_values"); }
 
 void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
     check_sequence(b);
@@ -167,14 +168,34 @@ void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
     if (n > capacity_ - lengths_[b])
         fail("sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) + " tokens; " + std::to_string(n) +
              " more exceed the capacity " + std::to_string(capacity_));
-    const std::size_t size = data_type_bytes(element_);
+    const detail::KVRows keys = detail::KVCacheAccess::keys(*this), values = detail::KVCacheAccess::values(*this);
     for (std::size_t h = 0; h < kv_heads_; ++h)
         for (std::size_t i = 0; i < n; ++i) {
-            const std::size_t at = row_offset(size, kv_heads_, capacity_, head_dim_, b, h, lengths_[b] + i);
-            detail::narrow_row(element_, k.head(0, h).row(i), static_cast<unsigned char*>(keys_) + at, head_dim_);
-            detail::narrow_row(element_, v.head(0, h).row(i), static_cast<unsigned char*>(values_) + at, head_dim_);
+            keys.write_row(b, h, lengths_[b] + i, k.head(0, h).row(i));
+            values.write_row(b, h, lengths_[b] + i, v.head(0, h).row(i));
         }
     lengths_[b] += n;
 }
 
+namespace detail {
+
+template <class T>
+HeadsView<const T> KVCacheAccess::typed(const KVCache& c, bool values) {
+    c.check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
+                    "keys_as / values_as");
+    const KVRows r = rows(c, values);
+    return {static_cast<const T*>(r.base), c.batch_, c.kv_heads_, c.capacity_, c.head_dim_, r.batch_stride, r.head_stride, r.row_stride};
+}
+
+float* KVCacheAccess::key_data(KVCache& c) {
+    c.check_element(DataType::f32, "key_data()");
+    return static_cast<float*>(c.keys_);
+}
+
+float* KVCacheAccess::value_data(KVCache& c) {
+    c.check_element(DataType::f32, "value_data()");
+    return static_cast<float*>(c.values_);
+}
+
+}  // namespace detail
 }  // namespace mha

@@ -1,5 +1,5 @@
 // The SIMD backend's entry points: claim the call's scratch (a caller's Workspace or a lease from the scratch
-// cache) before any work, enter an arena of the requested thread count, and run the layer (LayerPlan) or
+// cache) before any work, enter an arena of the requested thread count, and run the layer (LayerForward) or
 // the attention core alone (scaled_dot_product_attention).
 //   Layer: 1. projections in fixed row blocks, one gemm_packed call each with the bias fused and RoPE on the
 //   block's rows; 2. the attention core (attention_core.hpp) on head views of the projections; 3. the output
@@ -14,7 +14,7 @@
 
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
-#include "attention_plan.hpp"
+#include "layer_forward.hpp"
 #include "simd_attention.hpp"
 #include "state.hpp"
 
@@ -87,7 +87,7 @@ std::size_t simd_workspace_bytes(const detail::LayerState& st, const detail::Lay
 void simd_multihead_attention(const detail::LayerState& st, const detail::LayerCall& call, Workspace* workspace, KVCache* cache) {
     const detail::ScratchLayout layout = detail::scratch_layout(st, call.in, call.opt, cache);
     run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
-        const detail::LayerPlan plan(st, call.in, call.out, call.opt, layout, scratch, cache);
+        const detail::LayerForward plan(st, call.in, call.out, call.opt, layout, scratch, cache);
         plan.run();
     });
 }

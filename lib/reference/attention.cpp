@@ -50,14 +50,32 @@ MaskView attn_mask_of_batch(const MaskView& m, std::size_t b, std::size_t H) {
 
 }  // namespace
 
+void project_inputs(const Layer& layer, ConstMatrix xq, ConstMatrix xk, ConstMatrix xv, Matrix Q, Matrix K, Matrix V,
+                    std::size_t q_start, std::size_t k_start) {
+    const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
+    const DataType ct = layer.compute;
+    linear(xq, ConstMatrix(layer.wq, H * d, E), layer.bq, Q, ct);
+    linear(xk, ConstMatrix(layer.wk, Hkv * d, layer.kdim), layer.bk, K, ct);
+    linear(xv, ConstMatrix(layer.wv, Hkv * d, layer.vdim), layer.bv, V, ct);
+    if (layer.rope) {
+        rope_rows(Q, H, d, *layer.rope, q_start);
+        rope_rows(K, Hkv, d, *layer.rope, k_start);
+    }
+    if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
+}
+
+void project_output(const Layer& layer, Matrix C, ConstMatrix x, Matrix y, const std::optional<float>& norm_eps) {
+    if (layer.compute == DataType::bf16) round_to_bf16(C);
+    linear(C, ConstMatrix(layer.wo, layer.E, layer.H * layer.d), layer.bo, y, layer.compute);
+    if (norm_eps)
+        for (std::size_t i = 0; i < x.rows; ++i) layernorm_row(y.row(i), y.row(i), x.row(i), layer.E, layer.norm_w, layer.norm_b, *norm_eps);
+}
+
 void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
                          const ForwardOptions& opt) {
-    const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
+    const std::size_t H = layer.H, Hkv = layer.Hkv, d = layer.d;
     const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-
-    const ConstMatrix wq(layer.wq, H * d, E), wk(layer.wk, Hkv * d, layer.kdim), wv(layer.wv, Hkv * d, layer.vdim);
-    const ConstMatrix wo(layer.wo, E, H * d);
 
     std::vector<float> q(Lq * H * d), k(Lk * Hkv * d), v(Lk * Hkv * d), ctx(Lq * H * d);
     std::vector<float> probs(opt.need_weights == NeedWeights::averaged ? H * Lq * Lk : 0);
@@ -65,16 +83,9 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
 
     for (std::size_t b = 0; b < B; ++b) {
         const DataType ct = layer.compute;
-        linear(in.query[b], wq, layer.bq, Q, ct);
-        linear(in.key[b], wk, layer.bk, K, ct);
-        linear(in.value[b], wv, layer.bv, V, ct);
-        if (layer.rope) {
-            const std::size_t start = opt.positions ? opt.positions[b] : opt.position_offset;
-            const std::size_t query_start = opt.causal_alignment == CausalAlignment::bottom_right ? start + Lk - Lq : start;
-            rope_rows(Q, H, d, *layer.rope, query_start);
-            rope_rows(K, Hkv, d, *layer.rope, start);
-        }
-        if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
+        const std::size_t start = opt.positions ? opt.positions[b] : opt.position_offset;
+        const std::size_t query_start = opt.causal_alignment == CausalAlignment::bottom_right ? start + Lk - Lq : start;
+        project_inputs(layer, in.query[b], in.key[b], in.value[b], Q, K, V, query_start, start);
 
         // Batch b's heads: [1, heads, L, d] views of the projections (row stride heads·d, head stride d).
         SdpaInputs core;
@@ -96,14 +107,7 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
                     dst[i] = (h == 0 ? 0.0f : dst[i]) + probs[h * Lq * Lk + i] / static_cast<float>(H);
         }
 
-        const Matrix y = out.output[b];
-        if (ct == DataType::bf16) round_to_bf16(C);
-        linear(C, wo, layer.bo, y, ct);
-        if (opt.norm_eps) {
-            const ConstMatrix x = in.query[b];
-            for (std::size_t i = 0; i < Lq; ++i)
-                layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);
-        }
+        project_output(layer, C, in.query[b], out.output[b], opt.norm_eps);
     }
 }
 

@@ -13,41 +13,24 @@
 #include <cmath>
 #include <vector>
 
-#include "../attention/kv_elements.hpp"
+#include "mha/kv_cache.hpp"
 #include "reference.hpp"
 
 namespace mha::reference {
 void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache) {
-    const std::size_t E = layer.E, H = layer.H, Hkv = layer.Hkv, d = layer.d;
-    const std::size_t B = query.batch, Lq = query.rows, capacity = cache.capacity();
-    const ConstMatrix wq(layer.wq, H * d, E), wk(layer.wk, Hkv * d, E), wv(layer.wv, Hkv * d, E), wo(layer.wo, E, H * d);
+    const std::size_t H = layer.H, Hkv = layer.Hkv, d = layer.d;
+    const std::size_t B = query.batch, Lq = query.rows;
     std::vector<float> q(Lq * H * d), k(Lq * Hkv * d), v(Lq * Hkv * d), ctx(Lq * H * d);
     const Matrix Q(q.data(), Lq, H * d), K(k.data(), Lq, Hkv * d), V(v.data(), Lq, Hkv * d), C(ctx.data(), Lq, H * d);
     for (std::size_t b = 0; b < B; ++b) {
         const std::size_t n = cache.length(b);
         const ConstMatrix x = query[b];
         const DataType ct = layer.compute;
-        linear(x, wq, layer.bq, Q, ct);
-        linear(x, wk, layer.bk, K, ct);
-        linear(x, wv, layer.bv, V, ct);
-        if (layer.rope)
-            for (std::size_t i = 0; i < Lq; ++i) {
-                for (std::size_t h = 0; h < H; ++h) rope_row(Q.row(i) + h * d, *layer.rope, n + i);
-                for (std::size_t h = 0; h < Hkv; ++h) rope_row(K.row(i) + h * d, *layer.rope, n + i);
-            }
-        if (ct == DataType::bf16) round_to_bf16(Q), round_to_bf16(K), round_to_bf16(V);
+        project_inputs(layer, x, x, x, Q, K, V, n, n);
         std::vector<float> kc(Hkv * (n + Lq) * d), vc(kc.size());  // the cached rows as floats [Hkv, n + Lq, d]
-        // Append: head h of token i is columns [h·d, h·d + d) of row i, rounded to the element type.
-        const DataType type = cache.element_type();
-        const std::size_t size = data_type_bytes(type);
-        auto* keys = static_cast<unsigned char*>(cache.key_storage()) + b * Hkv * capacity * d * size;
-        auto* values = static_cast<unsigned char*>(cache.value_storage()) + b * Hkv * capacity * d * size;
-        for (std::size_t h = 0; h < Hkv; ++h)
-            for (std::size_t i = 0; i < Lq; ++i) {
-                detail::narrow_row(type, K.row(i) + h * d, keys + (h * capacity + n + i) * d * size, d);
-                detail::narrow_row(type, V.row(i) + h * d, values + (h * capacity + n + i) * d * size, d);
-            }
-        cache.set_length(b, n + Lq);
+        // Append through the cache's own API (head h of token i is columns [h·d, h·d + d) of row i), which
+        // rounds to its element type; then read every row back as stored.
+        cache.append(b, ConstHeads(k.data(), 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v.data(), 1, Hkv, Lq, d, 0, d, Hkv * d));
         for (std::size_t h = 0; h < Hkv; ++h) {
             cache.copy_keys(b, h, Matrix(kc.data() + h * (n + Lq) * d, n + Lq, d));
             cache.copy_values(b, h, Matrix(vc.data() + h * (n + Lq) * d, n + Lq, d));
@@ -58,12 +41,7 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
         in.value = ConstHeads::bhld(vc.data(), 1, Hkv, n + Lq, d);
         attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
                        CausalAlignment::bottom_right, nullptr, ct);
-        const Matrix y = output[b];
-        if (ct == DataType::bf16) round_to_bf16(C);
-        linear(C, wo, layer.bo, y, ct);
-        if (opt.norm_eps)
-            for (std::size_t i = 0; i < Lq; ++i)
-                layernorm_row(y.row(i), y.row(i), x.row(i), E, layer.norm_w, layer.norm_b, *opt.norm_eps);
+        project_output(layer, C, x, output[b], opt.norm_eps);
     }
 }
 

@@ -64,6 +64,14 @@ void rope_row(float* x, const RopeConfig& rope, std::size_t position) noexcept;
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
                     float* probs, DataType compute = DataType::f32);
 
+// The layer's steps around attention_core, shared by multihead_attention and cached_attention:
+//   project_inputs: Q = xq·Wqᵀ + bq, K = xk·Wkᵀ + bk, V = xv·Wvᵀ + bv (bf16: linear's rounding), with RoPE
+//     every head row of Q rotated at q_start + i and of K at k_start + j; bf16: Q, K, V rounded.
+//   project_output: bf16: C rounded; y = C·Woᵀ + bo; with norm_eps: y = LayerNorm(y + x).
+void project_inputs(const Layer& layer, ConstMatrix xq, ConstMatrix xk, ConstMatrix xv, Matrix Q, Matrix K, Matrix V,
+                    std::size_t q_start, std::size_t k_start);
+void project_output(const Layer& layer, Matrix C, ConstMatrix x, Matrix y, const std::optional<float>& norm_eps);
+
 // Multi-head attention as documented in mha/attention.hpp. Inputs validated by the caller; key/value
 // already resolved (non-null). Allocates its own scratch. Writes out.output (and out.attn_weights if
 // requested).

@@ -1,6 +1,6 @@
-// LayerPlan: the SIMD MultiheadAttention forward: projections (bias fused, RoPE in the same task), the
+// LayerForward: the SIMD MultiheadAttention forward: projections (bias fused, RoPE in the same task), the
 // attention core on head views of the projections, the output projection and the optional post-norm.
-#include "attention_plan.hpp"
+#include "layer_forward.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <tbb/task_arena.h>
 
 #include "../core/validate.hpp"
-#include "kv_elements.hpp"
+#include "kv_cache_access.hpp"
 #include "../simd/round_bf16.hpp"
 #include "rope.hpp"
 
@@ -78,9 +78,9 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs
     l.context = c.take(scratch_mul(scratch_mul(B, Lq), qw));
     l.cache_keys = core_keys(in, cache);
     if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
-    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute == DataType::bf16};
-    const CorePath path = layer_core_path(st, in, opt, l.cache_keys);
-    if (cache != nullptr && cache->element_type() != DataType::f32 && path != CorePath::decode) {
+    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute};
+    const CorePath path = l.path = layer_core_path(st, in, opt, l.cache_keys);
+    if (cache != nullptr && !KVCacheAccess::keys(*cache).is_f32_heads() && path != CorePath::decode) {
         const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
         l.widen_cache = true;
         l.widened_keys = c.take(floats);
@@ -99,13 +99,14 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs
     return l;
 }
 
-LayerPlan::LayerPlan(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
+LayerForward::LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
                      const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache)
     : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
       self_attention_(is_self_attention(in)),
       query_shift_(cache == nullptr && opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
-      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)), bf16_(st.compute == DataType::bf16),
-      use16_(bf16_ && st.has_bf16_weights() && simd::bf16_kernels_available()) {
+      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)),
+      operands_(gemm_operands(st.compute, st.has_bf16_weights() && simd::bf16_kernels_available())) {
+    if (cache != nullptr) cache_keys_ = KVCacheAccess::keys(*cache), cache_values_ = KVCacheAccess::values(*cache);
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (self_attention_) {
         const std::size_t w = qw + 2 * kvw;
@@ -122,23 +123,23 @@ LayerPlan::LayerPlan(const detail::LayerState& st, const AttentionInputs& in, co
     C_ = Batch(scratch + layout.context, B_, Lq_, qw);
 }
 
-bool LayerPlan::qkv_contiguous() const noexcept {
-    if (!use16_) return st_.in_proj.segments_contiguous();
+bool LayerForward::qkv_contiguous() const noexcept {
+    if (!on_bf16_kernels(operands_)) return st_.in_proj.segments_contiguous();
     return st_.q_width() % simd::kBf16PanelWidth == 0 && st_.kv_width() % simd::kBf16PanelWidth == 0;
 }
 
-void LayerPlan::round_projection(Matrix x) const noexcept {
-    if (bf16_) simd::round_to_bf16_inplace(x);
+void LayerForward::round_projection(Matrix x) const noexcept {
+    if (rounds_to_bf16(operands_)) simd::round_to_bf16_inplace(x);
 }
 
-void LayerPlan::linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const {
+void LayerForward::linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const {
     float* slot = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.linear16;
-    if (use16_) {
+    if (on_bf16_kernels(operands_)) {
         const simd::Bf16Panels all = w == kQkv ? st_.in_proj16.all() : w == kOut ? st_.out_proj16.all() : st_.projection16(w);
         simd::gemm_bf16(1.0f, x, all.columns(c0, nc), 0.0f, bias, y, reinterpret_cast<std::uint16_t*>(slot));
         return;
     }
-    if (bf16_) {  // the weights are rounded already; round this block of A into the slot
+    if (rounds_to_bf16(operands_)) {  // the weights are rounded already; round this block of A into the slot
         const Matrix copy(slot, x.rows, x.cols, x.cols);
         for (std::size_t r = 0; r < x.rows; ++r) std::copy(x.row(r), x.row(r) + x.cols, copy.row(r));
         simd::round_to_bf16_inplace(copy);
@@ -148,7 +149,7 @@ void LayerPlan::linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, 
     simd::gemm_packed(1.0f, x, Trans::no, simd::PackedMatrix::columns(all, c0, nc), 0.0f, bias, y);
 }
 
-void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const {
+void LayerForward::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const {
     const std::size_t r = st_.rope->dims, half = r / 2, d = st_.d;
     float* cos_t = table;
     float* sin_t = table + kRowBlock * half;
@@ -156,7 +157,7 @@ void LayerPlan::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table
     for (std::size_t h = 0; h < heads; ++h) rope_rows(x.columns(h * d, d), r, st_.rope->style, cos_t, sin_t);
 }
 
-void LayerPlan::project_few_tokens() const {
+void LayerForward::project_few_tokens() const {
     const std::size_t qw = st_.q_width(), kvw = st_.kv_width(), w = qw + 2 * kvw, E = st_.E, n = B_ * Lq_;
     ConstMatrix x(in_.query.data, n, E, E);  // [B·Lq, E]: the query itself when contiguous, else gathered
     if (layout_.tokens != 0 || in_.query.row_stride != E || in_.query.batch_stride != Lq_ * E) {
@@ -190,41 +191,32 @@ void LayerPlan::project_few_tokens() const {
     });
 }
 
-void LayerPlan::append_to_cache() const {
-    const std::size_t d = st_.d, Hkv = st_.Hkv, cap = cache_->capacity();
-    const DataType type = cache_->element_type();
-    const std::size_t size = data_type_bytes(type);
-    auto* key_base = static_cast<unsigned char*>(cache_->key_storage());
-    auto* value_base = static_cast<unsigned char*>(cache_->value_storage());
+void LayerForward::append_to_cache() const {
+    const std::size_t d = st_.d, Hkv = st_.Hkv;
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             const std::size_t b = t / Hkv, h = t % Hkv, n = cache_->lengths()[b];
-            const std::size_t at = ((b * Hkv + h) * cap + n) * d * size;
             const ConstMatrix k = K_[b].columns(h * d, d), v = V_[b].columns(h * d, d);
             for (std::size_t i = 0; i < Lq_; ++i) {
-                narrow_row(type, k.row(i), key_base + at + i * d * size, d);
-                narrow_row(type, v.row(i), value_base + at + i * d * size, d);
+                cache_keys_.write_row(b, h, n + i, k.row(i));
+                cache_values_.write_row(b, h, n + i, v.row(i));
             }
         }
     });
 }
 
-void LayerPlan::widen_cache(const std::size_t* key_lengths) const {
-    const std::size_t d = st_.d, Hkv = st_.Hkv, cap = cache_->capacity(), L = layout_.cache_keys;
-    const DataType type = cache_->element_type();
-    const std::size_t size = data_type_bytes(type);
-    const auto* key_base = static_cast<const unsigned char*>(cache_->key_storage());
-    const auto* value_base = static_cast<const unsigned char*>(cache_->value_storage());
+void LayerForward::widen_cache(const std::size_t* key_lengths) const {
+    const std::size_t d = st_.d, Hkv = st_.Hkv, L = layout_.cache_keys;
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, B_ * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
-            const std::size_t src = t * cap * d * size, dst = t * L * d, n = key_lengths[t / Hkv];
-            widen_row(type, key_base + src, scratch_ + layout_.widened_keys + dst, n * d);  // rows are contiguous
-            widen_row(type, value_base + src, scratch_ + layout_.widened_values + dst, n * d);
+            const std::size_t b = t / Hkv, h = t % Hkv, n = key_lengths[b];
+            cache_keys_.widen(b, h, 0, n, Matrix(scratch_ + layout_.widened_keys + t * L * d, n, d));
+            cache_values_.widen(b, h, 0, n, Matrix(scratch_ + layout_.widened_values + t * L * d, n, d));
         }
     });
 }
 
-void LayerPlan::project_inputs() const {
+void LayerForward::project_inputs() const {
     if (few_tokens_) {
         project_few_tokens();
         return;
@@ -282,7 +274,7 @@ void LayerPlan::project_inputs() const {
     });
 }
 
-void LayerPlan::project_output() const {
+void LayerForward::project_output() const {
     const std::size_t nq = (Lq_ + kRowBlock - 1) / kRowBlock, E = st_.E;
     const float* gamma = st_.norm_w.empty() ? nullptr : st_.norm_w.data();
     const float* beta = st_.norm_b.empty() ? nullptr : st_.norm_b.data();
@@ -317,7 +309,7 @@ void LayerPlan::project_output() const {
     });
 }
 
-void LayerPlan::run() const {
+void LayerForward::run() const {
     project_inputs();
     const std::size_t d = st_.d, H = st_.H, Hkv = st_.Hkv;
     std::size_t* key_lengths = nullptr;
@@ -338,19 +330,13 @@ void LayerPlan::run() const {
         p.k = Heads(scratch_ + layout_.widened_keys, B_, Hkv, L, d, Hkv * L * d, L * d, d);
         p.v = Heads(scratch_ + layout_.widened_values, B_, Hkv, L, d, Hkv * L * d, L * d, d);
         p.key_lengths = key_lengths;
-    } else if (cache_ != nullptr) {  // the cache's rows: [B, Hkv, capacity, d], the first key_lengths[b] of each sequence
-        const std::size_t cap = cache_->capacity(), L = layout_.cache_keys;
-        const DataType type = cache_->element_type();
-        if (type == DataType::f32) {
-            p.k = Heads(static_cast<float*>(cache_->key_storage()), B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
-            p.v = Heads(static_cast<float*>(cache_->value_storage()), B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
-        } else {  // decode reads the 16-bit rows in place: k / v give the geometry only
-            p.k = Heads(nullptr, B_, Hkv, L, d, Hkv * cap * d, cap * d, d);
-            p.v = p.k;
-            p.kv_type = type;
-            p.k_elements = cache_->key_storage();
-            p.v_elements = cache_->value_storage();
-        }
+    } else if (cache_ != nullptr) {  // the cache's rows in place (decode: any element type; else f32 heads)
+        const std::size_t L = layout_.cache_keys;
+        p.key_rows = cache_keys_;
+        p.value_rows = cache_values_;
+        // The other paths read fp32 heads; decode reads key_rows / value_rows, k / v give the geometry only.
+        p.k = cache_keys_.is_f32_heads() ? cache_keys_.f32_heads(B_, Hkv, L) : ConstHeads(nullptr, B_, Hkv, L, d, 0, 0, d);
+        p.v = cache_values_.is_f32_heads() ? cache_values_.f32_heads(B_, Hkv, L) : ConstHeads(nullptr, B_, Hkv, L, d, 0, 0, d);
         p.key_lengths = key_lengths;
     } else {
         p.k = heads(K_, Hkv);
@@ -366,13 +352,13 @@ void LayerPlan::run() const {
     p.attn_mask = in_.attn_mask;
     p.need_weights = opt_.need_weights;
     p.attn_weights = out_.attn_weights;
-    p.bf16 = bf16_;
-    const AttentionCore core(p, layer_core_path(st_, in_, opt_, layout_.cache_keys), layout_.core, scratch_, scratch_ + layout_.slots,
+    p.compute = st_.compute;
+    const AttentionCore core(p, layout_.path, layout_.core, scratch_, scratch_ + layout_.slots,
                              layout_.slot_floats, layout_.threads);
     core.run();
     project_output();
     if (cache_ != nullptr)
-        for (std::size_t b = 0; b < B_; ++b) cache_->set_length(b, key_lengths[b]);
+        for (std::size_t b = 0; b < B_; ++b) KVCacheAccess::set_length(*cache_, b, key_lengths[b]);
 }
 
 }  // namespace mha::detail

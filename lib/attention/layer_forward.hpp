@@ -1,4 +1,4 @@
-// What one SIMD MultiheadAttention forward shares between its steps: shapes, the projected Q/K/V and context
+// LayerForward: the executor of one SIMD MultiheadAttention forward. What it shares between its steps: shapes, the projected Q/K/V and context
 // buffers (heads are strided views into them, handed to the attention core), and the per-thread scratch
 // slots, all carved from one caller-provided block (a Workspace or a lease from the scratch cache).
 // Preconditions: arguments validated by MultiheadAttention::forward, key/value resolved.
@@ -10,6 +10,8 @@
 #include "mha/kv_cache.hpp"
 #include "../simd/simd.hpp"
 #include "attention_core.hpp"
+#include "gemm_operands.hpp"
+#include "kv_rows.hpp"
 #include "state.hpp"
 
 namespace mha::detail {
@@ -26,6 +28,7 @@ struct ScratchLayout {
     // [B, Hkv, cache_keys, d] each (the decode path reads the 16-bit rows in place).
     std::size_t widened_keys = 0, widened_values = 0;
     bool widen_cache = false;
+    CorePath path = CorePath::materialized;  // the core's path, chosen once here
     CoreLayout core;
     std::size_t rope_table = 0;  // within a slot: cos and sin of one projection row block
     std::size_t linear16 = 0;    // within a slot, bf16 compute: the bf16 GEMM's A pack buffer, or a rounded copy of A
@@ -47,10 +50,10 @@ bool few_tokens(const AttentionInputs& in) noexcept;
 ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
                              const KVCache* cache);
 
-class LayerPlan {
+class LayerForward {
 public:
     // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, in, opt).
-    LayerPlan(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
+    LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
               const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache);
     // The whole forward. Call inside the arena.
     void run() const;
@@ -62,7 +65,8 @@ private:
     void project_few_tokens() const;
     // Appends the new tokens' K and V rows to the cache (after RoPE), rounded to its element type.
     void append_to_cache() const;
-    // With layout_.widen_cache: each sequence's first key_lengths[b] cached K and V rows as fp32 in scratch.
+    // With layout_.widen_cache: each sequence's first key_lengths[b] cached K and V rows as fp32 in scratch
+    // ([B, Hkv, cache_keys, d] each).
     void widen_cache(const std::size_t* key_lengths) const;
     // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
     void project_output() const;
@@ -98,8 +102,8 @@ private:
     float* scratch_;
     KVCache* cache_;
     bool few_tokens_;
-    bool bf16_;   // AttentionConfig::compute == bf16
-    bool use16_;  // ... on the bf16 kernels (weights packed in bf16 and the CPU allows them)
+    GemmOperands operands_;  // of the projections (bf16 kernels: the weights' bf16 panels, and the CPU allows them)
+    KVRows cache_keys_, cache_values_;  // with a cache: where its rows live (kv_rows.hpp)
 };
 
 }  // namespace mha::detail

@@ -1,0 +1,126 @@
+// CoreContext (core_context.hpp): key visibility, the mask / non-finite value policy, the per-thread slot.
+#include "core_context.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+#include <emmintrin.h>
+
+#include <tbb/task_arena.h>
+
+namespace mha::detail {
+namespace {
+
+std::atomic<std::uint64_t> g_kv_rows_read{0};
+
+// A mask's data as a row reader (the row offset is added per use).
+simd::MaskRow mask_row(const MaskView& m) {
+    if (!m.present()) return {};
+    return m.type == MaskType::boolean ? simd::MaskRow(m.bools) : simd::MaskRow(m.values);
+}
+
+KVRows rows_or(const KVRows& rows, const ConstHeads& x) noexcept { return rows.base != nullptr ? rows : KVRows::of(x); }
+
+}  // namespace
+
+std::uint64_t kv_rows_read() noexcept { return g_kv_rows_read.load(std::memory_order_relaxed); }
+void count_kv_rows(std::size_t rows) noexcept { g_kv_rows_read.fetch_add(rows, std::memory_order_relaxed); }
+
+// Its exponent bits are all set. SSE2 (the x86-64 baseline), four at a time: ((bits & exponent) + 2^23) has
+// its top bit set exactly when the exponent field is all ones.
+bool any_nonfinite(const float* x, std::size_t n) noexcept {
+    const __m128i exponent = _mm_set1_epi32(0x7f800000), one = _mm_set1_epi32(0x00800000);
+    __m128i acc = _mm_setzero_si128();
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
+        acc = _mm_or_si128(acc, _mm_add_epi32(_mm_and_si128(bits, exponent), one));
+    }
+    bool bad = (_mm_movemask_ps(_mm_castsi128_ps(acc)) != 0);
+    for (; j < n; ++j) bad |= !std::isfinite(x[j]);
+    return bad;
+}
+
+bool any_nonfinite(const ElementFormat& format, const void* x, std::size_t n) noexcept {
+    if (format.type == DataType::f32) return any_nonfinite(static_cast<const float*>(x), n);
+    const std::uint16_t exponent = format.type == DataType::bf16 ? 0x7f80 : 0x7c00;
+    const auto* e = static_cast<const std::uint16_t*>(x);
+    bool bad = false;
+    for (std::size_t j = 0; j < n; ++j) bad |= (e[j] & exponent) == exponent;
+    return bad;
+}
+
+bool all_masked(const simd::MaskRow& m, std::size_t n) noexcept {
+    for (std::size_t j = 0; j < n; ++j)
+        if (!m.masked(j)) return false;
+    return true;
+}
+
+void reset_online_softmax(float* row_max, float* row_sum, Matrix o) noexcept {
+    std::fill(row_max, row_max + o.rows, -std::numeric_limits<float>::infinity());
+    std::fill(row_sum, row_sum + o.rows, 0.0f);
+    for (std::size_t r = 0; r < o.rows; ++r) std::fill(o.row(r), o.row(r) + o.cols, 0.0f);
+}
+
+CoreContext::CoreContext(const CoreProblem& problem, const CoreLayout& l, float* scratch, float* slots,
+                         std::size_t slot_floats, std::size_t threads)
+    : p(problem), layout(l), B(problem.q.batch), H(problem.q.heads), Hkv(problem.k.heads), G(H / Hkv), d(problem.q.dim),
+      Lq(problem.q.rows), Lk(problem.k.rows),
+      operands(gemm_operands(problem.compute, l.gemm16_floats != 0 && simd::bf16_kernels_available())), base(scratch),
+      keys(rows_or(problem.key_rows, problem.k)), values(rows_or(problem.value_rows, problem.v)),
+      key_padding_(mask_row(problem.key_padding_mask)), attn_mask_(mask_row(problem.attn_mask)), slots_(slots),
+      slot_floats_(slot_floats), threads_(threads) {
+    if (p.causal || any_mask()) value_flags_ = reinterpret_cast<std::uint8_t*>(scratch + l.value_flags);
+}
+
+CoreSlot CoreContext::slot() const noexcept {
+    float* s = thread_slot(slots_, slot_floats_, threads_);
+    return {s + layout.q_stack, s + layout.scores, s + layout.accumulator, s + layout.row_stats,
+            simd::GemmScratch{s + layout.gemm_a, layout.gemm.a_floats, s + layout.gemm_b, layout.gemm.b_floats},
+            reinterpret_cast<std::uint16_t*>(s + layout.gemm16)};
+}
+
+KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {
+    const std::size_t keys = keys_of(b);
+    if (!p.causal) return {0, keys};
+    const std::ptrdiff_t shift = p.key_lengths != nullptr ? static_cast<std::ptrdiff_t>(keys) - static_cast<std::ptrdiff_t>(Lq)
+                                                          : p.causal_shift;
+    const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(i) + 1 + shift;
+    return {0, n <= 0 ? 0 : std::min(keys, static_cast<std::size_t>(n))};
+}
+
+KeyRange CoreContext::visible_block(std::size_t b, std::size_t i0, std::size_t rows) const noexcept {
+    return {visible(b, i0).lo, visible(b, i0 + rows - 1).hi};
+}
+
+bool CoreContext::key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept {
+    const KeyRange r = visible(b, i);
+    return j < r.lo || j >= r.hi || key_padding_row(b).masked(j) || attn_mask_row(b, h, i).masked(j);
+}
+
+float CoreContext::value_at(std::size_t b, std::size_t kvh, std::size_t j, std::size_t c) const noexcept {
+    float x = 0.0f;
+    values.format->widen(static_cast<const unsigned char*>(values.row_bytes(b, kvh, j)) + c * values.format->bytes, &x, 1);
+    return x;
+}
+
+void CoreContext::accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,
+                                      Matrix o) const noexcept {
+    for (std::size_t r = 0; r < probs.rows; ++r)
+        for (std::size_t j = 0; j < probs.cols; ++j) {
+            if (key_masked(b, h, i0 + r, j0 + j)) continue;
+            const float pj = probs(r, j);
+            for (std::size_t col = 0; col < d; ++col) o(r, col) += pj * value_at(b, h / G, j0 + j, col);
+        }
+}
+
+void CoreContext::stack_queries(std::size_t b, std::size_t kvh, std::size_t i0, std::size_t rows, Matrix q) const noexcept {
+    for (std::size_t t = 0; t < G; ++t) {
+        const ConstMatrix qh = p.q.head(b, kvh * G + t);
+        for (std::size_t r = 0; r < rows; ++r) std::copy(qh.row(i0 + r), qh.row(i0 + r) + d, q.row(t * rows + r));
+    }
+}
+
+}  // namespace mha::detail

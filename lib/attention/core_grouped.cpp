@@ -1,0 +1,172 @@
+// The attention core's grouped path: per (batch, KV head, query block) the G query heads' rows stacked into
+// one [G·rows, d] block against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM panels once
+// per call. Per key tile [j0, j0 + kt) (FlashAttention's online softmax):
+//   S = scale·Q_stack·K_tileᵀ, masks added row by row;
+//   m_new = max(m, max S_row); P_row = exp(S_row − m_new); l = l·e^(m − m_new) + Σ P_row;
+//   O_row = O_row·e^(m − m_new); then O += P·V_tile (GEMM with beta = 1)
+//   out rows = O / l (rows with l = 0, every key masked, become 0: zero probabilities).
+// Tiles outside the block's visible keys are never visited; a tile whose keys are all padded is skipped.
+// Memory per task: G·rows × (d + tile + d) floats.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "../simd/round_bf16.hpp"
+#include "core_context.hpp"
+
+namespace mha::detail {
+namespace {
+
+// Keys per packing task (a multiple of every ISA's panel width and of 16).
+constexpr std::size_t kPackBlock = 256;
+
+// Each (batch, KV head)'s K_hᵀ and V_h in panels (fp32, or bf16 on the bf16 kernels), in the call's scratch.
+class GroupedPanels {
+public:
+    explicit GroupedPanels(const CoreContext& c)
+        : c_(c), isa_(active_isa()), bf16_(on_bf16_kernels(c.operands)), keys_(c.base + c.layout.key_panels),
+          values_(c.base + c.layout.value_panels) {
+        if (bf16_) {  // the same regions in uint16 elements
+            key_stride_ = simd::Bf16Panels::min_panel_stride(c.d);
+            value_stride_ = simd::Bf16Panels::min_panel_stride(c.Lk);
+            key_head_ = simd::Bf16Panels::elements(c.Lk, key_stride_);
+            value_head_ = simd::Bf16Panels::elements(c.d, value_stride_);
+        } else {
+            key_stride_ = simd::PanelMatrix::min_panel_stride(isa_, c.d);
+            value_stride_ = simd::PanelMatrix::min_panel_stride(isa_, c.Lk);
+            key_head_ = simd::PanelMatrix::floats(isa_, c.Lk, key_stride_);
+            value_head_ = simd::PanelMatrix::floats(isa_, c.d, value_stride_);
+        }
+    }
+    bool bf16() const noexcept { return bf16_; }
+    simd::PanelMatrix keys(std::size_t bh) const noexcept { return {keys_ + bh * key_head_, c_.d, c_.Lk, key_stride_, isa_}; }
+    simd::PanelMatrix values(std::size_t bh) const noexcept { return {values_ + bh * value_head_, c_.Lk, c_.d, value_stride_, isa_}; }
+    simd::Bf16Panels keys16(std::size_t bh) const noexcept { return {keys16_at(bh), c_.d, c_.Lk, key_stride_}; }
+    simd::Bf16Panels values16(std::size_t bh) const noexcept { return {values16_at(bh), c_.Lk, c_.d, value_stride_}; }
+
+    // Packs every (batch, KV head)'s keys and values, and sets the value flags while the rows are in cache.
+    void pack() const {
+        std::uint8_t* flags = c_.value_flags();
+        if (flags != nullptr) std::fill(flags, flags + c_.B * c_.Hkv, std::uint8_t{0});
+        const std::size_t nj = (c_.Lk + kPackBlock - 1) / kPackBlock;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, c_.B * c_.Hkv * nj), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t t = r.begin(); t != r.end(); ++t) pack_block(t / nj, (t % nj) * kPackBlock);
+        });
+    }
+
+private:
+    std::uint16_t* keys16_at(std::size_t bh) const noexcept { return reinterpret_cast<std::uint16_t*>(keys_) + bh * key_head_; }
+    std::uint16_t* values16_at(std::size_t bh) const noexcept { return reinterpret_cast<std::uint16_t*>(values_) + bh * value_head_; }
+    // Keys [j0, j0 + kPackBlock) of (b, kvh) = bh: columns of K_hᵀ (panels j0 / NR..) and rows of V_h.
+    void pack_block(std::size_t bh, std::size_t j0) const {
+        const std::size_t b = bh / c_.Hkv, kvh = bh % c_.Hkv, keys = c_.keys_of(b);
+        if (j0 >= keys) return;  // rows past a sequence's keys are never read
+        const std::size_t n = std::min(kPackBlock, keys - j0);
+        const ConstMatrix k = c_.p.k.head(b, kvh).row_block(j0, n), v = c_.p.v.head(b, kvh).row_block(j0, n);
+        if (bf16_) {  // an odd chunk's last pair gets a zero partner (P·V reads whole pairs)
+            simd::pack_panels_bf16(k, Trans::yes, keys16_at(bh) + j0 / simd::kBf16PanelWidth * key_stride_, key_stride_);
+            simd::pack_panels_bf16(v, Trans::no, values16_at(bh) + j0 * simd::kBf16PanelWidth, value_stride_);
+        } else {
+            const std::size_t nr = simd::PanelMatrix::panel_width(isa_);
+            simd::pack_panels(isa_, k, Trans::yes, keys_ + bh * key_head_ + j0 / nr * key_stride_, key_stride_);
+            simd::pack_panels(isa_, v, Trans::no, values_ + bh * value_head_ + j0 * nr, value_stride_);
+        }
+        count_kv_rows(2 * n);
+        if (std::uint8_t* flags = c_.value_flags(); flags != nullptr) {  // a NaN/±inf value needs the careful P·V
+            bool bad = false;
+            for (std::size_t j = 0; j < n && !bad; ++j) bad = any_nonfinite(v.row(j), c_.d);
+            if (bad) __atomic_store_n(&flags[bh], std::uint8_t{1}, __ATOMIC_RELAXED);
+        }
+    }
+
+    const CoreContext& c_;
+    Isa isa_;
+    bool bf16_;
+    float* keys_;
+    float* values_;
+    std::size_t key_stride_ = 0, value_stride_ = 0, key_head_ = 0, value_head_ = 0;  // bf16: in uint16 elements
+};
+
+void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t b, std::size_t kvh, std::size_t i0,
+                  std::size_t rows) {
+    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+    const std::size_t d = c.d, G = c.G, tile = kKeyTile, m = G * rows, bh = b * c.Hkv + kvh;
+    const CoreSlot s = c.slot();
+    const Matrix q(s.q_stack, m, d, d);
+    c.stack_queries(b, kvh, i0, rows, q);
+    const Matrix sc(s.scores, m, tile, tile);
+    const Matrix o(s.accumulator, m, d, d);
+    float* row_max = s.row_stats;
+    float* row_sum = row_max + m;
+    reset_online_softmax(row_max, row_sum, o);
+
+    const bool use16 = panels.bf16();
+    const simd::PanelMatrix k_t = panels.keys(bh), v = panels.values(bh);
+    const simd::Bf16Panels k16 = use16 ? panels.keys16(bh) : simd::Bf16Panels{}, v16 = use16 ? panels.values16(bh) : simd::Bf16Panels{};
+    const simd::MaskRow padding = c.key_padding_row(b);
+    const bool careful = c.value_nonfinite(b, kvh);  // a value is NaN or ±inf: masked keys must be skipped
+    const KeyRange block = c.visible_block(b, i0, rows);
+
+    for (std::size_t j0 = block.lo / tile * tile; j0 < block.hi; j0 += tile) {
+        const std::size_t kt = std::min(tile, block.hi - j0);
+        if (padding.present() && all_masked(padding.from(j0), kt)) continue;
+        const Matrix st = sc.columns(0, kt);
+        if (use16)
+            simd::gemm_bf16(c.p.scale, ConstMatrix(q), k16.columns(j0, kt), 0.0f, nullptr, st, s.gemm16);
+        else
+            simd::gemm_panels(c.p.scale, ConstMatrix(q), Trans::no, k_t.columns(j0, kt), 0.0f, st);
+        for (std::size_t row = 0; row < m; ++row) {
+            const std::size_t t = row / rows, i = i0 + row % rows;
+            const std::size_t valid = c.tile_valid(c.visible(b, i), j0, kt);
+            const simd::MaskRow am = c.attn_mask_row(b, kvh * G + t, i);
+            const float old_max = row_max[row];
+            const float tile_sum =
+                simd::softmax_tile_online(st.row(row), kt, valid, 1.0f, padding.from(j0), am.from(j0), row_max[row]);
+            if (row_max[row] != old_max) {
+                // The max grew: rescale what was accumulated under the old max (nothing if it was -inf).
+                const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[row]);
+                row_sum[row] *= alpha;
+                float* orow = o.row(row);
+                for (std::size_t col = 0; col < d; ++col) orow[col] *= alpha;
+            }
+            row_sum[row] += tile_sum;
+        }
+        // P as the input of P·V (the bf16 kernel rounds as it packs).
+        if (rounds_to_bf16(c.operands) && (careful || !use16)) simd::round_to_bf16_inplace(st);
+        if (careful) {  // unpacked V, masked keys left out
+            for (std::size_t t = 0; t < G; ++t)
+                c.accumulate_unmasked(b, kvh * G + t, i0, j0, ConstMatrix(st.row_block(t * rows, rows)), o.row_block(t * rows, rows));
+        } else if (use16) {
+            simd::gemm_bf16(1.0f, ConstMatrix(st), v16.rows(j0, kt), 1.0f, nullptr, o, s.gemm16);
+        } else {
+            simd::gemm_panels(1.0f, ConstMatrix(st), Trans::no, v.rows(j0, kt), 1.0f, o);
+        }
+    }
+
+    for (std::size_t row = 0; row < m; ++row) {
+        // l = 0: every key masked, the row is 0. A NaN l (NaN scores) stays NaN.
+        const float inv = row_sum[row] == 0.0f ? 0.0f : 1.0f / row_sum[row];
+        float* dst = c.p.out.head(b, kvh * G + row / rows).row(i0 + row % rows);
+        const float* src = o.row(row);
+        for (std::size_t col = 0; col < d; ++col) dst[col] = src[col] * inv;
+    }
+}
+
+}  // namespace
+
+void run_grouped(const CoreContext& c) {
+    const GroupedPanels panels(c);
+    panels.pack();
+    const std::size_t qr = group_query_rows(c.G, c.Lq), nqb = (c.Lq + qr - 1) / qr;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, c.B * c.Hkv * nqb), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t t = r.begin(); t != r.end(); ++t) {
+            const std::size_t bh = t / nqb, i0 = (t % nqb) * qr;
+            grouped_task(c, panels, bh / c.Hkv, bh % c.Hkv, i0, std::min(qr, c.Lq - i0));
+        }
+    });
+}
+
+}  // namespace mha::detail

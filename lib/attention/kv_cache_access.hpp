@@ -1,0 +1,38 @@
+// The library's side of mha::KVCache: its K and V storage as KVRows (kv_rows.hpp, the one place that knows
+// where a row lives), and the lengths a forward sets after a successful append. Not for users; tests use it
+// to plant adversarial values in the storage.
+#pragma once
+#include <cstddef>
+
+#include "mha/kv_cache.hpp"
+#include "kv_rows.hpp"
+
+namespace mha::detail {
+
+struct KVCacheAccess {
+    // The contiguous cache [B, Hkv, capacity, d]: one unblocked run per (sequence, KV head).
+    static KVRows rows(const KVCache& c, bool values) noexcept {
+        KVRows r;
+        r.base = values ? c.values_ : c.keys_;
+        r.format = &element_format(c.element_);
+        r.dim = c.head_dim_;
+        r.row_stride = c.head_dim_;
+        r.head_stride = c.capacity_ * c.head_dim_;
+        r.batch_stride = c.kv_heads_ * r.head_stride;
+        return r;
+    }
+    static KVRows keys(const KVCache& c) noexcept { return rows(c, false); }
+    static KVRows values(const KVCache& c) noexcept { return rows(c, true); }
+    // Unchecked: n <= capacity (the forward validated it).
+    static void set_length(KVCache& c, std::size_t b, std::size_t n) noexcept { c.lengths_[b] = n; }
+    // The typed views of KVCache::keys_as / values_as (kv_cache.cpp).
+    template <class T>
+    static HeadsView<const T> typed(const KVCache& c, bool values);
+    // Mutable storage: fp32 rows of an f32 cache (mha::invalid_argument otherwise), or raw bytes of any type.
+    static float* key_data(KVCache& c);
+    static float* value_data(KVCache& c);
+    static void* key_storage(KVCache& c) noexcept { return c.keys_; }
+    static void* value_storage(KVCache& c) noexcept { return c.values_; }
+};
+
+}  // namespace mha::detail
