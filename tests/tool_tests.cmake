@@ -9,3 +9,12 @@ target_compile_definitions(mha_tool_tests PRIVATE MHA_TOOL_PATH="$<TARGET_FILE:m
                                                   MHA_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
 add_dependencies(mha_tool_tests mha_cli)
 gtest_discover_tests(mha_tool_tests DISCOVERY_TIMEOUT 120)
+
+# tools/quickstart.sh test builds the Python package even in a build directory configured without it, and
+# MHA_BUILD_PYTHON=ON without a Python fails loudly (three configures of the library alone; needs pybind11).
+if(MHA_BUILD_PYTHON)
+  add_test(NAME quickstart_turns_python_on
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tool/quickstart_python.sh ${PROJECT_SOURCE_DIR}
+                   ${CMAKE_CURRENT_BINARY_DIR}/quickstart_python)
+  set_tests_properties(quickstart_turns_python_on PROPERTIES LABELS "tool;python" TIMEOUT 300)
+endif()

@@ -22,6 +22,8 @@
 //   softmax    [rows, cols] in place              gbps   = 2·rows·cols·4 bytes / t   (read + write)
 //   layernorm  [rows, cols] → [rows, cols]        gbps   = 2·rows·cols·4 bytes / t
 // The kernels are single-threaded, so gemm/softmax/layernorm accept only --threads 1.
+// attention, sdpa and decode report "path": the path the call takes (MultiheadAttention::path, sdpa_path:
+// scalar, materialized, grouped or decode).
 // --dtype f32|bf16 (attention, decode, gemm) is the compute type (AttentionConfig::compute); JSON "dtype". "isa" names
 // the kernels that ran: for f32 the active ISA capped at avx512 (avx512_bf16 runs the same fp32 kernels), for bf16
 // the active ISA (avx512_bf16: the vdpbf16ps kernels; below it bf16 is widened to the fp32 kernels).
@@ -144,11 +146,11 @@ const char* op_name(BenchOp op) {
     return "?";
 }
 
-const char* impl_name(Impl impl) {
+const char* impl_name(Algorithm impl) {
     switch (impl) {
-        case Impl::automatic: return "auto";
-        case Impl::materialized: return "materialized";
-        case Impl::fused: return "fused";
+        case Algorithm::automatic: return "auto";
+        case Algorithm::materialized: return "materialized";
+        case Algorithm::fused: return "fused";
     }
     return "?";
 }
@@ -212,9 +214,11 @@ void bench_command(const BenchOptions& opt) {
             fo.threads = opt.threads.value_or(0);
             fo.impl = opt.impl;
             t = time_calls(opt.reps, [&] { attention.forward(in, out, fo); });
+            const AttentionPath path = attention.path(in, fo);
             const double b = double(B), l = double(L), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
             flops = 2 * b * (l * e * hd + lk * (double(kdim) + double(vdim)) * hkvd + l * hd * e) + 4 * b * l * lk * hd;
             j["impl"] = impl_name(opt.impl);
+            j["path"] = std::string(attention_path_name(path));
             j["causal"] = opt.causal;
             j["batch"] = B, j["seq"] = L, j["kv_seq"] = Lk, j["embed"] = E, j["heads"] = H;
             j["kv_heads"] = Hkv, j["head_dim"] = d, j["kdim"] = kdim, j["vdim"] = vdim;
@@ -246,6 +250,7 @@ void bench_command(const BenchOptions& opt) {
             so.threads = opt.threads.value_or(0);
             so.impl = opt.impl;
             t = time_calls(opt.reps, [&] { scaled_dot_product_attention(in, out, so); });
+            const AttentionPath path = sdpa_path(in, so);
             // Pairs (i, j) whose score is computed: all, or with causal those with j <= i + Lk − Lq.
             double pairs = double(Lq) * double(Lk);
             if (opt.causal) {
@@ -258,6 +263,7 @@ void bench_command(const BenchOptions& opt) {
             flops = 4.0 * double(B) * double(H) * double(d) * pairs;
             bytes = 2.0 * double(B) * double(Hkv) * double(Lk) * double(d) * sizeof(float);
             j["impl"] = impl_name(opt.impl);
+            j["path"] = std::string(attention_path_name(path));
             j["causal"] = opt.causal;
             j["batch"] = B, j["heads"] = H, j["kv_heads"] = Hkv, j["head_dim"] = d, j["seq"] = Lq, j["kv_seq"] = Lk;
             j["flops_counted"] = opt.causal ? "visible pairs" : "all pairs";
@@ -295,6 +301,7 @@ void bench_command(const BenchOptions& opt) {
             fo.backend = opt.backend;
             fo.threads = opt.threads.value_or(0);
             fo.impl = opt.impl;
+            const AttentionPath path = attention.path(in, fo, cache);  // the cache holds Lk tokens, as in each call
             t = time_calls(
                 opt.reps, [&] { attention.forward(in, out, fo, cache); },
                 [&] {
@@ -306,6 +313,7 @@ void bench_command(const BenchOptions& opt) {
             const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, data_type_bytes(opt.kv_type)});
             bytes = weight_bytes + double(cache_bytes);
             j["impl"] = impl_name(opt.impl);
+            j["path"] = std::string(attention_path_name(path));
             j["batch"] = B, j["kv_seq"] = Lk, j["seq"] = Lq, j["embed"] = E, j["heads"] = H;
             j["kv_heads"] = Hkv, j["head_dim"] = d;
             j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);

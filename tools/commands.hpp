@@ -34,7 +34,7 @@ struct RunOptions {
     bool need_weights = false;
     Backend backend = Backend::simd;
     int threads = 0;
-    Impl impl = Impl::automatic;
+    Algorithm impl = Algorithm::automatic;
     bool seq_first = false;  // query/key/value and output are [L, B, E] (PyTorch's batch_first=False)
     DataType dtype = DataType::f32;  // --dtype: AttentionConfig::compute (f32 or bf16)
     bool bf16_raw = false;           // --bf16-raw: float inputs and weights are uint16 .npy of bfloat16 bits
@@ -61,7 +61,7 @@ struct SdpaCommandOptions {
     std::optional<float> scale;  // absent: 1/sqrt(d)
     Backend backend = Backend::simd;
     int threads = 0;
-    Impl impl = Impl::automatic;
+    Algorithm impl = Algorithm::automatic;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
@@ -81,7 +81,7 @@ struct BenchOptions {
     std::optional<float> rope_theta;           // attention, decode: rotary embeddings (half style, all dims)
     DataType kv_type = DataType::f32;          // decode: the KV cache's element type (--kv-type)
     bool causal = false;
-    Impl impl = Impl::automatic;
+    Algorithm impl = Algorithm::automatic;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ
     std::size_t m = 1024, n = 2304, k = 768;
     // softmax, layernorm

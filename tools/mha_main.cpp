@@ -31,8 +31,8 @@ void print_error(const std::string& where, const std::string& message) {
 }
 
 const std::map<std::string, mha::Backend> backend_names{{"scalar", mha::Backend::scalar}, {"simd", mha::Backend::simd}};
-const std::map<std::string, mha::Impl> impl_names{
-    {"auto", mha::Impl::automatic}, {"materialized", mha::Impl::materialized}, {"fused", mha::Impl::fused}};
+const std::map<std::string, mha::Algorithm> impl_names{
+    {"auto", mha::Algorithm::automatic}, {"materialized", mha::Algorithm::materialized}, {"fused", mha::Algorithm::fused}};
 const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
                                               {"sdpa", BenchOp::sdpa},
                                               {"decode", BenchOp::decode},

@@ -4,6 +4,11 @@
 #   tools/quickstart.sh bench   install what is missing, build, run the head-count scaling benchmark
 #   tools/quickstart.sh pybench install what is missing, build, run python3 -m mha.bench (mha vs torch from Python)
 # Extra arguments after "bench" go to tools/scaling.sh, after "pybench" to mha.bench (see README).
+# test and pybench build the Python package: they configure with -DMHA_BUILD_PYTHON=ON, so a build directory
+# configured earlier without pybind11 (e.g. by "bench" on a fresh machine) gets it now, and a missing
+# Python or pybind11 fails the configure with a message instead of skipping the Python tests.
+# MHA_BUILD_DIR=DIR: the build directory (default build). MHA_QUICKSTART_ONLY=configure: only the configure
+# step, nothing installed (tests/tool/quickstart_python.sh checks it so).
 set -euo pipefail
 mode=${1:-test}
 shift || true
@@ -15,11 +20,15 @@ packages=(cmake make g++ libxsimd-dev libtbb-dev libgtest-dev libbenchmark-dev l
 python_packages=(python3 python3-dev pybind11-dev python3-pytest python3-numpy python3-torch)
 [ "$mode" = test ] && packages+=("${python_packages[@]}")
 [ "$mode" = pybench ] && packages+=("${python_packages[@]}" python3-matplotlib)
-bash tools/install_packages.sh "${packages[@]}"
+configure_args=(-DCMAKE_BUILD_TYPE=Release)
+[ "$mode" = test ] || [ "$mode" = pybench ] && configure_args+=(-DMHA_BUILD_PYTHON=ON)
+only=${MHA_QUICKSTART_ONLY:-}
+[ "$only" = configure ] || bash tools/install_packages.sh "${packages[@]}"
 
 build=${MHA_BUILD_DIR:-build}
 jobs=$(nproc)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$build" "${configure_args[@]}"
+[ "$only" = configure ] && exit 0
 cmake --build "$build" -j "$jobs"
 
 case "$mode" in

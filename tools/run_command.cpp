@@ -354,6 +354,7 @@ void run_command(const RunOptions& opt) {
     config.kdim = kdim;
     config.vdim = vdim;
     config.compute = opt.dtype;
+    config.norm_eps = opt.norm_eps;  // the post-norm belongs to the layer, with norm.weight / norm.bias
     if (opt.rope_theta) {
         RopeConfig rope;
         rope.theta = *opt.rope_theta;
@@ -384,7 +385,6 @@ void run_command(const RunOptions& opt) {
 
     ForwardOptions fo;
     fo.need_weights = opt.need_weights ? NeedWeights::averaged : NeedWeights::none;
-    fo.norm_eps = opt.norm_eps;
     fo.backend = opt.backend;
     fo.threads = opt.threads;
     fo.impl = opt.impl;

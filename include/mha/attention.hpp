@@ -10,7 +10,7 @@
 //   With rotary embeddings (AttentionConfig::rope) Q and K rows are rotated at their positions (below).
 //   Query head h uses columns [h·d, h·d + d) of Q and KV head h / G of K and V (strided views, no copies):
 //     P_h = softmax(Q_h·K_{h/G}ᵀ / sqrt(d) + masks),  C_h = P_h·V_{h/G}  → columns [h·d, h·d + d) of C
-//   out = C·Woᵀ + bo (Wo [E, H·d]);  with ForwardOptions::norm_eps set: out = LayerNorm(out + query).
+//   out = C·Woᵀ + bo (Wo [E, H·d]);  with AttentionConfig::norm_eps set: out = LayerNorm(out + query).
 //   A query row whose keys are all masked gets zero probabilities, so its output row is bo
 //   (PyTorch gives NaN there).
 //   A key masked for a query (a boolean mask entry set, an additive -inf in either mask, or causal
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "mha/half.hpp"
 #include "mha/kernels.hpp"
@@ -34,6 +35,9 @@
 namespace mha {
 
 class KVCache;  // mha/kv_cache.hpp
+namespace detail {
+struct LayerState;  // what a MultiheadAttention owns (weights, packed weights); defined in lib/attention
+}  // namespace detail
 
 // Weights in PyTorch's layout, all row-major and contiguous. They are packed (one copy) when the
 // attention object is built; the caller's memory may be freed afterwards.
@@ -85,6 +89,10 @@ struct AttentionConfig {
     // roundings, not faster). The scalar backend rounds at the same points and accumulates in double.
     // f16 is not a compute type (it is a KV cache element type).
     DataType compute = DataType::f32;
+    // The post-norm block of a BERT layer (seed 000), with the weights' norm_weight / norm_bias: when set,
+    // out = LayerNorm(out + query; gamma, beta, eps), eps inside the square root (TF style). Finite and >= 0
+    // (checked at construction). The residual is the query row. ForwardOptions::norm_eps (deprecated) overrides it.
+    std::optional<float> norm_eps;
 };
 
 // Causal alignment: top_left masks key j for query i when j > i; bottom_right when j > i + Lk − Lq
@@ -112,11 +120,28 @@ struct MaskView {
 };
 
 enum class NeedWeights { none, averaged, per_head };
-// materialized: scores Lq×Lk per (query head, 64 query rows) task; fused: the G = H / Hkv query heads of a
-// KV head stacked against one pass over its keys, tiled online softmax, O(Lq·d) memory (needs no weights);
-// automatic picks fused when heads share KV heads (G > 1) or the scores would be large (Lk >= 1024).
-// need_weights always materializes. The scalar backend always materializes.
-enum class Impl { automatic, materialized, fused };
+// The attention algorithm the SIMD backend may use (ForwardOptions::impl, SdpaOptions::impl):
+//   materialized: scores Lq×Lk per (query head, 64 query rows) task and a plain softmax;
+//   fused: the G = H / Hkv query heads of a KV head stacked against one pass over its keys, tiled online
+//     softmax, O(Lq·d) memory (needs no weights);
+//   automatic: fused when heads share KV heads (G > 1) or the scores would be large (Lk >= 1024), else
+//     materialized.
+// Few queries: with fused or automatic, a call with Lq <= 16 and G·Lq <= 128 (a decode step, a short chunk)
+// takes the decode path instead (the G·Lq stacked query rows against splits of 512 keys read in place,
+// merged exactly: flash-decoding) — AttentionPath::decode; ask MultiheadAttention::path / sdpa_path.
+// need_weights always materializes. The scalar backend always materializes (AttentionPath::scalar).
+enum class Algorithm { automatic, materialized, fused };
+// Deprecated: the old name of Algorithm, kept for one release (Impl::fused is Algorithm::fused).
+using Impl = Algorithm;
+
+// The path a call takes, as decided before it runs (MultiheadAttention::path, sdpa_path):
+//   scalar: the scalar backend (Backend::scalar: the plain-loop reference);
+//   materialized / grouped / decode: the SIMD attention core's paths: materialized scores per (query head,
+//   64 query rows); grouped: the fused algorithm (G query heads against one pass over their keys, tiled
+//   online softmax); decode: few queries against key splits read in place (see Algorithm).
+enum class AttentionPath { scalar, materialized, grouped, decode };
+// "scalar", "materialized", "grouped", "decode" (the `mha bench` JSON field "path"); "?" for other values.
+std::string_view attention_path_name(AttentionPath path) noexcept;
 
 struct ForwardOptions {
     bool causal = false;                      // key j masked for query i when j > i (top-left aligned)
@@ -129,10 +154,12 @@ struct ForwardOptions {
     std::size_t position_offset = 0;
     const std::size_t* positions = nullptr;
     NeedWeights need_weights = NeedWeights::none;
-    std::optional<float> norm_eps;            // set: post-norm block LayerNorm(out + query), eps inside sqrt
+    // Deprecated (kept for one release): the post-norm's eps belongs to the layer, AttentionConfig::norm_eps.
+    // When set it overrides the layer's for this call (and turns the post-norm on for a layer built without one).
+    std::optional<float> norm_eps;
     Backend backend = Backend::simd;
     int threads = 0;                          // 0: all cores; otherwise the number of threads to use
-    Impl impl = Impl::automatic;
+    Algorithm impl = Algorithm::automatic;    // the SIMD backend's algorithm (see Algorithm)
 };
 
 // Layouts: every tensor is a BatchView with its own row and batch strides, so both PyTorch layouts
@@ -140,12 +167,22 @@ struct ForwardOptions {
 // sequence-first [L, B, E] (batch_first=False, PyTorch's default) is BatchView(p, B, L, E, B·E, E).
 // Inputs may use any strides (rows may overlap or repeat). The output's rows must not overlap each
 // other (with the smaller stride s over n entries: s >= E and the larger stride >= (n − 1)·s + E).
+// Self-attention is key = value = query (the same views): say so with AttentionInputs::self_attention(query).
+// Legacy shorthand, still accepted: key.data == nullptr means key = query, value.data == nullptr value = key.
+// With a KV cache, key and value must be absent (the cache holds the keys; the new tokens are the query).
 struct AttentionInputs {
     ConstBatch query;            // [B, Lq, E]
-    ConstBatch key;              // [B, Lk, kdim]; data == nullptr: key = query (self-attention)
-    ConstBatch value;            // [B, Lk, vdim]; data == nullptr: value = key
+    ConstBatch key;              // [B, Lk, kdim]; data == nullptr (legacy): key = query
+    ConstBatch value;            // [B, Lk, vdim]; data == nullptr (legacy): value = key
     MaskView key_padding_mask;   // optional, [B, Lk]
     MaskView attn_mask;          // optional, [Lq, Lk] or [B·H, Lq, Lk]
+
+    // Self-attention over query [B, L, E] (needs kdim == vdim == E): key and value are the query's own views,
+    // which the layer detects (Q, K and V are projected together from one read of the query). Masks as above
+    // with Lq = Lk = L.
+    static AttentionInputs self_attention(ConstBatch query, MaskView key_padding_mask = {}, MaskView attn_mask = {}) {
+        return {query, query, query, key_padding_mask, attn_mask};
+    }
 };
 
 struct AttentionOutputs {
@@ -231,12 +268,18 @@ public:
     // bf16 layer runs on the bf16 kernels, else the fp32 copies (what a decode step streams from memory).
     std::size_t weight_bytes_read() const noexcept;
 
-    struct State;  // weights (and packed weights); defined in lib/attention
+    // The path forward(in, out, options) takes (AttentionPath): scalar for the scalar backend, else the SIMD
+    // core's path for these shapes (only the sizes of in and whether key/value are the query are read) and
+    // options. Validates as workspace_bytes does (mha::invalid_argument).
+    AttentionPath path(const AttentionInputs& in, const ForwardOptions& options = {}) const;
+    // The same for forward(in, out, options, cache): the core attends over the longest sequence's keys after
+    // the append (its cached length + Lq).
+    AttentionPath path(const AttentionInputs& in, const ForwardOptions& options, const KVCache& cache) const;
 
 private:
     void run(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, Workspace* workspace,
              KVCache* cache = nullptr) const;
-    std::unique_ptr<State> state_;
+    std::unique_ptr<detail::LayerState> state_;
 };
 
 }  // namespace mha

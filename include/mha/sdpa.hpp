@@ -73,7 +73,10 @@ struct SdpaOptions {
     std::optional<float> scale;  // default 1/√d; must be finite
     Backend backend = Backend::simd;
     int threads = 0;             // 0: all cores of the caller's arena
-    Impl impl = Impl::automatic; // materialized: per-head scores [Lq, Lk]; fused / automatic: grouped heads, tiled
+    // materialized: per-head scores [Lq, Lk]; fused / automatic: grouped heads, tiled (see Algorithm in
+    // mha/attention.hpp: automatic picks fused for G > 1 or Lk >= 1024; both take the decode path for Lq <= 16
+    // with G·Lq <= 128).
+    Algorithm impl = Algorithm::automatic;
 };
 
 // output [B, H, Lq, d]: any strides whose rows do not overlap each other; must not overlap the inputs or
@@ -85,5 +88,8 @@ void scaled_dot_product_attention(const SdpaInputs& in, const Heads& output, con
                                   Workspace& workspace);
 // Bytes of workspace a call with these shapes and options needs (0 for the scalar backend).
 std::size_t sdpa_workspace_bytes(const SdpaInputs& in, const SdpaOptions& options = {});
+// The path a call with these shapes and options takes (AttentionPath: scalar for the scalar backend, else
+// the SIMD core's materialized, grouped or decode path). Validates as sdpa_workspace_bytes does.
+AttentionPath sdpa_path(const SdpaInputs& in, const SdpaOptions& options = {});
 
 }  // namespace mha

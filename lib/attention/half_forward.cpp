@@ -1,18 +1,16 @@
-// MultiheadAttention::forward on 16-bit activations (HalfAttentionInputs, mha/attention.hpp): the inputs
-// widened exactly into fp32 copies, the fp32 forward (which validates everything else), the output rounded
-// to the inputs' type. The copies are leased from the scratch cache before anything is written.
+// MultiheadAttention::forward on 16-bit activations (HalfAttentionInputs, mha/attention.hpp): the 16-bit views
+// validated (validate_half_call), the inputs widened exactly into fp32 copies, the fp32 forward (which validates
+// everything else), the output rounded to the inputs' type. The copies are leased from the scratch cache before
+// anything is written. An absent key or value stays absent in the fp32 call (the cache overload requires it).
 #include <cstring>
-#include <string>
 
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
 #include "mha/attention.hpp"
-#include "mha/error.hpp"
+#include "validate_call.hpp"
 
 namespace mha {
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw invalid_argument(what); }
 
 float widen(std::uint16_t bits, DataType t) noexcept {
     return t == DataType::bf16 ? bfloat16::from_bits(bits).to_float() : float16::from_bits(bits).to_float();
@@ -31,11 +29,6 @@ void widen_batch(const BatchView<const std::uint16_t>& src, DataType t, float* d
         }
 }
 
-bool same_view(const BatchView<const std::uint16_t>& a, const BatchView<const std::uint16_t>& b) {
-    return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride &&
-           a.batch_stride == b.batch_stride;
-}
-
 struct Widened {
     AttentionInputs in;
     AttentionOutputs out;
@@ -43,19 +36,8 @@ struct Widened {
 
 template <class Forward>
 void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out, Forward&& forward) {
-    if (in_arg.type != DataType::bf16 && in_arg.type != DataType::f16)
-        fail("HalfAttentionInputs::type must be bf16 or f16, not " + std::string(data_type_name(in_arg.type)));
-    HalfAttentionInputs in = in_arg;
-    if (in.key.data == nullptr) in.key = in.query;
-    if (in.value.data == nullptr) in.value = in.key;
-    detail::check_batch("query", in.query);
-    detail::check_batch("key", in.key);
-    detail::check_batch("value", in.value);
-    detail::check_batch("output", out.output);
-    detail::check_rows_disjoint("output", out.output);
-    if (detail::overlaps(out.output, in.query) || detail::overlaps(out.output, in.key) || detail::overlaps(out.output, in.value))
-        fail("output overlaps query, key or value");
-    const bool key_is_query = same_view(in.key, in.query), value_is_key = same_view(in.value, in.key);
+    const HalfAttentionInputs in = detail::validate_half_call(in_arg, out);  // key and value resolved
+    const bool key_is_query = detail::same_view(in.key, in.query), value_is_key = detail::same_view(in.value, in.key);
     const std::size_t nq = detail::checked_madd(in.query.batch * in.query.rows, in.query.cols, 0, "query", "size");
     const std::size_t nk = key_is_query ? 0 : detail::checked_madd(in.key.batch * in.key.rows, in.key.cols, 0, "key", "size");
     const std::size_t nv = value_is_key ? 0 : detail::checked_madd(in.value.batch * in.value.rows, in.value.cols, 0, "value", "size");
@@ -68,10 +50,10 @@ void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out
     if (!value_is_key) widen_batch(in.value, in.type, v);
     Widened w;
     w.in.query = ConstBatch(q, in.query.batch, in.query.rows, in.query.cols);
-    w.in.key = key_is_query ? w.in.query : ConstBatch(k, in.key.batch, in.key.rows, in.key.cols);
-    w.in.value = value_is_key ? w.in.key : ConstBatch(v, in.value.batch, in.value.rows, in.value.cols);
-    if (in_arg.key.data == nullptr) w.in.key = ConstBatch();  // keep "key absent" for the cache overload's checks
-    if (in_arg.value.data == nullptr) w.in.value = ConstBatch();
+    const ConstBatch key = key_is_query ? w.in.query : ConstBatch(k, in.key.batch, in.key.rows, in.key.cols);
+    const ConstBatch value = value_is_key ? key : ConstBatch(v, in.value.batch, in.value.rows, in.value.cols);
+    if (in_arg.key.data != nullptr) w.in.key = key;  // absent stays absent
+    if (in_arg.value.data != nullptr) w.in.value = value;
     w.in.key_padding_mask = in.key_padding_mask;
     w.in.attn_mask = in.attn_mask;
     w.out.output = Batch(y, out.output.batch, out.output.rows, out.output.cols);

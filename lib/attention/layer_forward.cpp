@@ -35,7 +35,7 @@ std::size_t core_keys(const AttentionInputs& in, const KVCache* cache) {
     return longest + in.query.rows;
 }
 
-CorePath layer_core_path(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+CorePath layer_core_path(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
                          std::size_t Lk) noexcept {
     return core_path(st.H, st.Hkv, in.query.rows, Lk, opt.need_weights, opt.impl);
 }
@@ -61,7 +61,7 @@ bool few_tokens(const AttentionInputs& in) noexcept {
     return is_self_attention(in) && in.query.batch * in.query.rows <= kFewTokens;
 }
 
-ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
                              const KVCache* cache) {
     ScratchLayout l;
     Carver c, slot;
@@ -99,7 +99,7 @@ ScratchLayout scratch_layout(const MultiheadAttention::State& st, const Attentio
     return l;
 }
 
-LayerForward::LayerForward(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
+LayerForward::LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
                      const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache)
     : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
       self_attention_(is_self_attention(in)),

@@ -47,13 +47,13 @@ std::size_t arena_threads(int threads);
 inline constexpr std::size_t kFewTokens = 64;
 bool few_tokens(const AttentionInputs& in) noexcept;
 // cache: nullptr, or the validated KV cache of the call.
-ScratchLayout scratch_layout(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
+ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
                              const KVCache* cache);
 
 class LayerForward {
 public:
     // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, in, opt).
-    LayerForward(const MultiheadAttention::State& st, const AttentionInputs& in, const AttentionOutputs& out,
+    LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
               const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache);
     // The whole forward. Call inside the arena.
     void run() const;
@@ -89,7 +89,7 @@ private:
     // queries at the end of the key sequence.
     std::size_t query_start(std::size_t b) const noexcept { return start_position(b) + query_shift_; }
 
-    const MultiheadAttention::State& st_;
+    const detail::LayerState& st_;
     const AttentionInputs& in_;
     const AttentionOutputs& out_;
     const ForwardOptions& opt_;

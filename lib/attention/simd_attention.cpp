@@ -6,7 +6,7 @@
 //   projection per row block with the bias fused, then the optional post-norm on those rows.
 // Work is cut into blocks whose sizes depend on the shape only, never on the thread count, and each
 // output element is computed by one task, so results are bitwise identical for any thread count.
-// Preconditions: inputs validated by the public entry points, key/value resolved.
+// Preconditions: inputs validated and resolved by the public entry points (validate_call.hpp).
 #include <optional>
 #include <string>
 
@@ -80,16 +80,14 @@ SdpaLayout sdpa_layout(const SdpaInputs& in, const SdpaOptions& opt) {
 
 }  // namespace
 
-std::size_t simd_workspace_bytes(const MultiheadAttention::State& st, const AttentionInputs& in, const ForwardOptions& opt,
-                                 const KVCache* cache) {
-    return workspace_bytes_for(detail::scratch_layout(st, in, opt, cache).bytes());
+std::size_t simd_workspace_bytes(const detail::LayerState& st, const detail::LayerCall& call) {
+    return workspace_bytes_for(detail::scratch_layout(st, call.in, call.opt, call.cache).bytes());
 }
 
-void simd_multihead_attention(const MultiheadAttention::State& st, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace, KVCache* cache) {
-    const detail::ScratchLayout layout = detail::scratch_layout(st, in, opt, cache);
+void simd_multihead_attention(const detail::LayerState& st, const detail::LayerCall& call, Workspace* workspace, KVCache* cache) {
+    const detail::ScratchLayout layout = detail::scratch_layout(st, call.in, call.opt, cache);
     run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
-        const detail::LayerForward plan(st, in, out, opt, layout, scratch, cache);
+        const detail::LayerForward plan(st, call.in, call.out, call.opt, layout, scratch, cache);
         plan.run();
     });
 }

@@ -2,7 +2,8 @@
 // for the SIMD GEMM (one copy: with kdim == vdim == E, Wq, Wk, Wv are packed as three segments of one
 // matrix so self-attention runs one GEMM for Q, K and V and cross-attention uses the segments; otherwise
 // three matrices), the biases and norm parameters (absent biases as zeros), and RoPE's frequencies.
-// The scalar backend unpacks a plain copy per call (State::unpacked).
+// The scalar backend unpacks a plain copy per call (LayerState::unpacked).
+// MultiheadAttention holds one through a pointer (mha/attention.hpp declares detail::LayerState).
 #pragma once
 #include <optional>
 #include <vector>
@@ -11,12 +12,16 @@
 #include "../simd/gemm_bf16.hpp"
 #include "../simd/simd.hpp"
 #include "mha/attention.hpp"
+#include "validate_call.hpp"
 
 namespace mha {
 
-struct MultiheadAttention::State {
+namespace detail {
+
+struct LayerState {
     std::size_t E = 0, H = 0, Hkv = 0, d = 0, kdim = 0, vdim = 0;
     DataType compute = DataType::f32;  // AttentionConfig::compute
+    std::optional<float> norm_eps;    // AttentionConfig::norm_eps (validated)
     std::optional<RopeConfig> rope;   // dims resolved
     std::vector<double> rope_freq;    // θ_k = theta^(−2k/r), k < r/2
     std::vector<float> in_b;          // [H·d + 2·Hkv·d]: bq; bk; bv
@@ -49,7 +54,7 @@ struct MultiheadAttention::State {
     // Plain row-major weights for the scalar reference, unpacked from the packed copies (exact).
     struct Unpacked {
         std::vector<float> wq, wk, wv, wo;
-        reference::Layer layer(const State& s) const {
+        reference::Layer layer(const LayerState& s) const {
             reference::Layer l;
             l.E = s.E, l.H = s.H, l.Hkv = s.Hkv, l.d = s.d, l.kdim = s.kdim, l.vdim = s.vdim, l.rope = s.rope;
             l.wq = wq.data(), l.wk = wk.data(), l.wv = wv.data(), l.wo = wo.data();
@@ -75,14 +80,14 @@ struct MultiheadAttention::State {
     }
 };
 
-// The SIMD backend (lib/attention/simd_attention.cpp). Inputs validated, key/value resolved.
+}  // namespace detail
+
+// The SIMD backend (lib/attention/simd_attention.cpp) on a validated call (detail::validate_layer_call).
 // workspace: the caller's, or nullptr (a lease from the scratch cache).
-// cache: nullptr, or the KV cache the new tokens (the query) continue (validated).
-void simd_multihead_attention(const MultiheadAttention::State& s, const AttentionInputs& in,
-                              const AttentionOutputs& out, const ForwardOptions& opt, Workspace* workspace,
-                              KVCache* cache = nullptr);
-// The bytes of workspace simd_multihead_attention needs for this call.
-std::size_t simd_workspace_bytes(const MultiheadAttention::State& s, const AttentionInputs& in, const ForwardOptions& opt,
-                                 const KVCache* cache = nullptr);
+// cache: nullptr, or the KV cache the new tokens (the query) continue (call.cache, writable).
+void simd_multihead_attention(const detail::LayerState& s, const detail::LayerCall& call, Workspace* workspace,
+                              KVCache* cache);
+// The bytes of workspace simd_multihead_attention needs for this call (detail::describe_layer_call).
+std::size_t simd_workspace_bytes(const detail::LayerState& s, const detail::LayerCall& call);
 
 }  // namespace mha

@@ -618,6 +618,31 @@ TEST_F(BenchTest, SdpaDefaults) {
     EXPECT_EQ(j.value("kv_seq", 0), 4);  // --seq
 }
 
+// "path": the path the call takes (MultiheadAttention::path, sdpa_path), for the ops that run a layer or SDPA.
+TEST_F(BenchTest, PathField) {
+    const std::vector<std::string> layer{"--op", "attention", "--batch", "1", "--embed", "32", "--heads", "4", "--threads", "1"};
+    auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
+        a.insert(a.end(), more);
+        return a;
+    };
+    EXPECT_EQ(bench(with(layer, {"--seq", "4"})).value("path", ""), "decode");                // Lq <= 16, G·Lq <= 128
+    EXPECT_EQ(bench(with(layer, {"--seq", "20"})).value("path", ""), "materialized");         // G = 1, Lk < 1024
+    EXPECT_EQ(bench(with(layer, {"--seq", "20", "--impl", "fused"})).value("path", ""), "grouped");
+    EXPECT_EQ(bench(with(layer, {"--seq", "20", "--kv-heads", "2"})).value("path", ""), "grouped");  // G > 1
+    EXPECT_EQ(bench(with(layer, {"--seq", "4", "--impl", "materialized"})).value("path", ""), "materialized");
+    EXPECT_EQ(bench(with(layer, {"--seq", "4", "--backend", "scalar"})).value("path", ""), "scalar");
+    const std::vector<std::string> sdpa{"--op", "sdpa", "--batch", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "8"};
+    EXPECT_EQ(bench(with(sdpa, {"--seq", "8"})).value("path", ""), "decode");
+    EXPECT_EQ(bench(with(sdpa, {"--seq", "20"})).value("path", ""), "grouped");
+    EXPECT_EQ(bench(with(sdpa, {"--seq", "20", "--impl", "materialized"})).value("path", ""), "materialized");
+    EXPECT_EQ(bench(with(sdpa, {"--seq", "8", "--backend", "scalar"})).value("path", ""), "scalar");
+    const std::vector<std::string> decode{"--op", "decode", "--batch", "1", "--embed", "32", "--heads", "4"};
+    EXPECT_EQ(bench(with(decode, {"--kv-seq", "1000"})).value("path", ""), "decode");
+    EXPECT_EQ(bench(with(decode, {"--kv-seq", "1000", "--seq", "30"})).value("path", ""), "grouped");  // 1000 + 30 >= 1024 keys
+    EXPECT_EQ(bench(with(decode, {"--kv-seq", "900", "--seq", "30"})).value("path", ""), "materialized");
+    EXPECT_FALSE(bench({"--op", "gemm", "--m", "4", "--n", "4", "--k", "4"}).contains("path"));
+}
+
 TEST_F(BenchTest, SdpaReadableLine) {
     const Result r = mha({"bench", "--op", "sdpa", "--batch", "1", "--heads", "2", "--seq", "4", "--head-dim", "8", "--reps", "2"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
