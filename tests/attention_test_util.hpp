@@ -27,6 +27,7 @@
 #include <mha/mha.hpp>
 
 #include "compare_util.hpp"
+#include "isa_test_util.hpp"
 
 namespace mha_test {
 
@@ -474,22 +475,6 @@ inline std::vector<double> backend_difference_bound(const std::vector<double>& b
     std::vector<double> t(bound.size());
     for (std::size_t i = 0; i < bound.size(); ++i) t[i] = 2 * kDecoderSafety * bound[i];
     return t;
-}
-
-// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the ISA that was active before (also
-// when f fails an ASSERT or throws).
-template <class F>
-void for_each_cpu_isa(F f) {
-    struct Restore {
-        mha::Isa isa;
-        ~Restore() { mha::set_isa_cap(isa); }
-    } restore{mha::active_isa()};
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
-        if (isa > mha::detected_isa()) continue;
-        mha::set_isa_cap(isa);
-        SCOPED_TRACE(mha::isa_name(isa));
-        f(isa);
-    }
 }
 
 }  // namespace mha_test

@@ -338,19 +338,4 @@ inline std::vector<double> scaled(const std::vector<double>& x, double c) {
     return y;
 }
 
-// Runs f once per ISA this CPU has, avx512_bf16 included, restoring the cap active before (also on failure).
-template <class F>
-void for_each_isa(F f) {
-    struct Restore {
-        mha::Isa isa;
-        ~Restore() { mha::set_isa_cap(isa); }
-    } restore{mha::active_isa()};
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512, mha::Isa::avx512_bf16}) {
-        if (isa > mha::detected_isa()) continue;
-        mha::set_isa_cap(isa);
-        SCOPED_TRACE(mha::isa_name(isa));
-        f(isa);
-    }
-}
-
 }  // namespace mha_bf16

@@ -361,7 +361,7 @@ TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
         const auto ref = D.run(m, mha::Backend::scalar);
         const std::vector<double> refd(ref.output.begin(), ref.output.end());
         const std::vector<double> tight = scaled(ex.out.d, kTightFactor), oracle_tol = scaled(ex.out.e, kOracleFactor);
-        mha_bf16::for_each_isa([&](mha::Isa) {
+        mha_test::for_each_cpu_isa([&](mha::Isa) {
             for (mha::Impl impl : kImpls) {
                 SCOPED_TRACE(impl_name(impl));
                 const auto simd = D.run(m, mha::Backend::simd, impl);
@@ -372,7 +372,7 @@ TEST(Bf16Simd, MatchesReferenceOnEveryIsa) {
                                "max |simd - ref| / tight bound " + std::to_string(worst));
                 EXPECT_TRUE(mha_test::all_within(simd.output, ex.out.o, oracle_tol)) << "SIMD bf16 against the float64 oracle";
             }
-        });
+        }, /*with_bf16=*/true);
     }
 }
 
@@ -395,7 +395,7 @@ TEST(Bf16Simd, NeedWeights) {
         EXPECT_TRUE(mha_test::all_within(ref.weights, po, scaled(pe, kOracleFactor))) << "reference weights against the oracle";
         EXPECT_TRUE(mha_test::all_within(ref.output, ex.out.o, scaled(ex.out.e, kOracleFactor)));
         const std::vector<double> refw(ref.weights.begin(), ref.weights.end()), refo(ref.output.begin(), ref.output.end());
-        mha_bf16::for_each_isa([&](mha::Isa) {
+        mha_test::for_each_cpu_isa([&](mha::Isa) {
             for (mha::Impl impl : kImpls) {
                 SCOPED_TRACE(impl_name(impl));
                 const auto simd = D.run(m, mha::Backend::simd, impl, need);
@@ -403,7 +403,7 @@ TEST(Bf16Simd, NeedWeights) {
                 EXPECT_TRUE(mha_test::all_within(simd.output, refo, scaled(ex.out.d, kTightFactor))) << "output against the reference";
                 EXPECT_TRUE(mha_test::all_within(simd.output, ex.out.o, scaled(ex.out.e, kOracleFactor))) << "output against the oracle";
             }
-        });
+        }, /*with_bf16=*/true);
     }
 }
 
@@ -420,7 +420,7 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
     Case cs{.name = "cache", .E = E, .H = H, .Hkv = Hkv, .d = d, .B = B, .Lq = total, .self = true,
             .rope = rope(mha::RopeStyle::interleaved), .gain = 2.0f};
     const Data all(cs);  // weights, and the tokens [B, total, E]
-    mha_bf16::for_each_isa([&](mha::Isa) {
+    mha_test::for_each_cpu_isa([&](mha::Isa) {
         const mha::MultiheadAttention m = all.make(mha::DataType::bf16);
         mha::KVCache simd_cache(B, Hkv, d, total), ref_cache(B, Hkv, d, total);
         // bf16 compute stores K and V already rounded to bf16: a bf16 cache holds them exactly, so a forward on it
@@ -457,7 +457,7 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
             EXPECT_TRUE(mha_test::all_within(out_simd, ex.out.o, scaled(ex.out.e, kOracleFactor))) << "SIMD against the oracle";
             n += lq;
         }
-    });
+    }, /*with_bf16=*/true);
 }
 
 }  // namespace

@@ -130,9 +130,9 @@ TEST(PytorchBf16Fixtures, NoWorseThanTorchBf16) {
                            "max error " + std::to_string(err) + " (torch bf16 " + std::to_string(torch_err) + ")");
         };
         check(mha::Backend::scalar, mha::Impl::automatic);
-        mha_bf16::for_each_isa([&](mha::Isa) {
+        mha_test::for_each_cpu_isa([&](mha::Isa) {
             for (mha::Impl impl : {mha::Impl::automatic, mha::Impl::materialized, mha::Impl::fused}) check(mha::Backend::simd, impl);
-        });
+        }, /*with_bf16=*/true);
     }
 }
 

@@ -47,6 +47,7 @@
 
 #include <mha/mha.hpp>
 #include "compare_util.hpp"
+#include "isa_test_util.hpp"
 #include "npy.hpp"
 #include "reference/reference.hpp"
 
@@ -578,9 +579,7 @@ TEST_P(DecoderFixtureApi, MatchesPyTorch) {
     std::vector<mha::Isa> isas{restore};
     std::vector<mha::Impl> impls{mha::Impl::automatic};
     if (backend == Backend::simd) {
-        isas.clear();
-        for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512})
-            if (isa <= mha::detected_isa()) isas.push_back(isa);
+        isas = mha_test::cpu_isas();
         impls = {mha::Impl::automatic, mha::Impl::materialized, mha::Impl::fused};
     }
     for (mha::Isa isa : isas) {

@@ -32,6 +32,7 @@
 #include <mha/mha.hpp>
 
 #include "compare_util.hpp"
+#include "isa_test_util.hpp"
 
 namespace {
 
@@ -163,8 +164,7 @@ TEST_P(PyTorchLarge, MatchesPyTorch) {
                           {Impl::materialized, NeedWeights::none, "materialized"}};
     if (c.contains("attn_weights")) runs.push_back({Impl::materialized, NeedWeights::averaged, "averaged_weights"});
     // Every ISA this CPU has (the GEMM panels and the fused path's packing differ per ISA).
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
-      if (isa > mha::detected_isa()) continue;
+    for (mha::Isa isa : mha_test::cpu_isas()) {
       mha::set_isa_cap(isa);
       for (const Run& r : runs) {
         SCOPED_TRACE(std::string(mha::isa_name(isa)) + " " + r.name);

@@ -186,19 +186,6 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
             << what << "[" << i << "]: " << got[i] << " vs batch-first " << want[i];
 }
 
-// Runs f once per ISA this CPU has, then restores the cap that was active before.
-template <class F>
-void for_each_isa(F f) {
-    const mha::Isa before = mha::active_isa();
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
-        if (isa > mha::detected_isa()) continue;
-        mha::set_isa_cap(isa);
-        SCOPED_TRACE(std::string(mha::isa_name(isa)));
-        f();
-    }
-    mha::set_isa_cap(before);
-}
-
 // Every layout combination for one case: input layouts × output layouts (and, for cross-attention,
 // a query in one layout with key/value in the other).
 void check_case(const Case& c, std::uint32_t seed) {
@@ -242,7 +229,7 @@ void check_case(const Case& c, std::uint32_t seed) {
     };
 
     check_run({mha::Backend::scalar, mha::Impl::automatic});  // the reference: no ISA, always materialized
-    for_each_isa([&] {
+    mha_test::for_each_cpu_isa([&] {
         check_run({mha::Backend::simd, mha::Impl::materialized});
         check_run({mha::Backend::simd, mha::Impl::fused});
     });

@@ -205,19 +205,8 @@ void check(const Case& c) {
     if (c.need != mha::NeedWeights::none) expect_weights(p, simd, scalar);
 }
 
-// Runs f once per ISA this CPU has (mha::set_isa_cap), restoring the cap afterwards: the fused path packs
-// K and V into the ISA's GEMM panels (32, 16 or 8 columns wide), so each ISA has its own layout.
-template <class F>
-void for_each_isa(F f) {
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512}) {
-        if (isa > mha::detected_isa()) continue;
-        mha::set_isa_cap(isa);
-        SCOPED_TRACE(mha::isa_name(isa));
-        f();
-    }
-    mha::set_isa_cap(mha::Isa::avx512_bf16);
-}
-
+// Each ISA this CPU has (mha_test::for_each_cpu_isa): the fused path packs K and V into the ISA's GEMM panels
+// (32, 16 or 8 columns wide), so each ISA has its own layout.
 TEST(SimdAttention, ShapesAndHeadDims) {
     for (std::size_t d : {1, 8, 16, 64, 80})
         for (std::size_t H : {1, 2, 3})
@@ -255,7 +244,7 @@ TEST(SimdAttention, EveryMaskKind) {
 
 // Weights on every ISA: the materialized path's softmax and GEMMs differ per ISA.
 TEST(SimdAttention, NeedWeightsAndPostNorm) {
-    for_each_isa([] {
+    mha_test::for_each_cpu_isa([] {
         for (auto need : {mha::NeedWeights::averaged, mha::NeedWeights::per_head})
             for (bool causal : {false, true})
                 for (bool norm : {false, true}) {
@@ -392,7 +381,7 @@ namespace {
 // The fused path (online softmax over key tiles of 256) against the reference on every ISA: lengths
 // around the tile, every mask kind, causal, cross-attention.
 TEST(FusedAttention, LengthsAroundTheTile) {
-    for_each_isa([] {
+    mha_test::for_each_cpu_isa([] {
         for (std::size_t L : {1, 2, 255, 256, 257, 513}) {
             Case c{1, L, L, 32, 2};
             c.impl = mha::Impl::fused;
@@ -405,7 +394,7 @@ TEST(FusedAttention, LengthsAroundTheTile) {
 // Head dims that are not a multiple of any panel width (d = 24, 40) and one wider than two AVX-512
 // panels (d = 80).
 TEST(FusedAttention, HeadDimsAcrossPanels) {
-    for_each_isa([] {
+    mha_test::for_each_cpu_isa([] {
         for (std::size_t E : {48, 80, 160}) {
             Case c{2, 300, 300, E, 2};
             c.impl = mha::Impl::fused;
@@ -415,7 +404,7 @@ TEST(FusedAttention, HeadDimsAcrossPanels) {
 }
 
 TEST(FusedAttention, EveryMaskKindAndCross) {
-    for_each_isa([] {
+    mha_test::for_each_cpu_isa([] {
         for (int kp = 0; kp < 3; ++kp)
             for (int am = 0; am < 5; ++am)
                 for (bool causal : {false, true}) {
@@ -450,7 +439,7 @@ TEST(FusedAttention, FullyPaddedTilesAndRows) {
 }
 
 TEST(FusedAttention, NeedWeightsFallsBackToMaterialized) {
-    for_each_isa([] {
+    mha_test::for_each_cpu_isa([] {
         Case c{1, 40, 40, 16, 2};
         c.impl = mha::Impl::fused;
         c.need = mha::NeedWeights::per_head;
@@ -465,7 +454,7 @@ TEST(FusedAttention, BitwiseIdenticalAcrossThreadCounts) {
     c.causal = true;
     Problem p(c);
     auto m = p.make();
-    for_each_isa([&] { expect_bitwise_identical_across_threads(p, m); });
+    mha_test::for_each_cpu_isa([&] { expect_bitwise_identical_across_threads(p, m); });
 }
 
 }  // namespace

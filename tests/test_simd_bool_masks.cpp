@@ -13,6 +13,7 @@
 
 #include <mha/mha.hpp>
 
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -71,7 +72,7 @@ TEST_P(BoolMasks, BytesEqualAdditive) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, BoolMasks, testing::Values(mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512),
+INSTANTIATE_TEST_SUITE_P(AllIsas, BoolMasks, testing::ValuesIn(mha::simd::kSimdIsas),
                          [](const testing::TestParamInfo<mha::Isa>& i) { return std::string(mha::isa_name(i.param)); });
 
 }  // namespace

@@ -25,6 +25,7 @@
 
 #include <mha/mha.hpp>
 
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -242,7 +243,7 @@ TEST_P(DecodeHalf, ReadsEndAtTheTile) {
 
 std::vector<Param> params() {
     std::vector<Param> v;
-    for (Isa isa : {Isa::sse2, Isa::avx2, Isa::avx512})
+    for (Isa isa : mha::simd::kSimdIsas)
         for (DataType t : {DataType::bf16, DataType::f16}) v.push_back({isa, t});
     return v;
 }

@@ -44,6 +44,7 @@
 #include <mha/mha.hpp>
 
 #include "reference/reference.hpp"
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -499,6 +500,6 @@ TEST_P(DecodeKernels, ReadsEndAtTheTile) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryIsa, DecodeKernels, ::testing::Values(Isa::sse2, Isa::avx2, Isa::avx512), isa_param_name);
+INSTANTIATE_TEST_SUITE_P(EveryIsa, DecodeKernels, ::testing::ValuesIn(mha::simd::kSimdIsas), isa_param_name);
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include <mha/mha.hpp>
 
 #include "simd/gemm_blocking.hpp"
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -490,7 +491,7 @@ TEST_P(SimdGemm, ConcurrentCallsMatchSerial) {
     for (auto& th : threads) th.join();
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, SimdGemm, ::testing::Values(Isa::sse2, Isa::avx2, Isa::avx512),
+INSTANTIATE_TEST_SUITE_P(AllIsas, SimdGemm, ::testing::ValuesIn(mha::simd::kSimdIsas),
                          [](const ::testing::TestParamInfo<Isa>& info) { return std::string(mha::isa_name(info.param)); });
 
 }  // namespace

@@ -25,6 +25,7 @@
 
 #include <mha/mha.hpp>
 
+#include "isa_test_util.hpp"
 #include "simd/gemm_bf16.hpp"
 
 namespace {
@@ -220,8 +221,7 @@ TEST(PublicGemmBf16, EveryTransposeIsaAndBackend) {
     const std::size_t m = 19, n = 45, k = 70;
     const auto a = random_floats(m * k, 21), b = random_floats(n * k, 22), c0 = random_floats(m * n, 23);
     const mha::Isa saved = mha::active_isa();
-    for (mha::Isa isa : {mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512, mha::Isa::avx512_bf16}) {
-        if (isa > mha::detected_isa()) continue;
+    for (mha::Isa isa : mha_test::cpu_isas(/*with_bf16=*/true)) {
         mha::set_isa_cap(isa);
         for (mha::Backend backend : {mha::Backend::simd, mha::Backend::scalar})
             for (Trans ta : {Trans::no, Trans::yes})

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -103,7 +104,7 @@ TEST_P(OnlineSoftmax, UnscaledUnmasked) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryIsa, OnlineSoftmax, ::testing::Values(mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512),
+INSTANTIATE_TEST_SUITE_P(EveryIsa, OnlineSoftmax, ::testing::ValuesIn(mha::simd::kSimdIsas),
                          [](const auto& info) { return std::string(mha::isa_name(info.param)); });
 
 }  // namespace

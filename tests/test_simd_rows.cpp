@@ -46,6 +46,7 @@
 #include <mha/mha.hpp>
 
 #include "reference/reference.hpp"
+#include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -487,7 +488,7 @@ TEST_P(SimdRows, PublicWrappersMatchPerRowCalls) {
     EXPECT_EQ(y, y_by_row);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryIsa, SimdRows, ::testing::Values(mha::Isa::sse2, mha::Isa::avx2, mha::Isa::avx512),
+INSTANTIATE_TEST_SUITE_P(EveryIsa, SimdRows, ::testing::ValuesIn(mha::simd::kSimdIsas),
                          isa_param_name);
 
 }  // namespace

@@ -15,7 +15,8 @@ std::string_view isa_name(Isa isa) noexcept;
 // Parses a name from isa_name(); throws mha::invalid_argument for anything else.
 Isa parse_isa(std::string_view name);
 
-// The best ISA this CPU supports (cpuid).
+// The best ISA this CPU supports (x86: cpuid and the OS-enabled state; a build for another target has only
+// its baseline level, reported as Isa::sse2, the lowest).
 Isa detected_isa() noexcept;
 // The ISA the SIMD kernels use: min(detected, cap). The cap starts as the environment variable
 // MHA_ISA (if set and valid) and can be changed with set_isa_cap.

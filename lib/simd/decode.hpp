@@ -1,7 +1,7 @@
 // The decode-step kernels as functors templated on the xsimd Arch and on the K / V element type E (float,
 // bfloat16 or float16: a KV cache's element type, widened to float as it is loaded) (recipe: dispatch.hpp).
 // Contracts: simd::decode_scores and simd::decode_accumulate in simd.hpp. Definitions in decode_impl.hpp,
-// instantiated once per ISA by decode_<isa>.cpp; everyone else sees only the extern declarations below.
+// instantiated once per ISA by the generated decode_<isa>.cpp (dispatch.hpp); everyone else sees only the extern declarations below.
 #pragma once
 
 #include "dispatch.hpp"
@@ -22,7 +22,7 @@ struct decode_accumulate_kernel {
     void operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o) const noexcept;
 };
 
-// The instantiations of one Arch for every element type (PREFIX: extern, or empty in the ISA's TU).
+// The instantiations of one Arch for every element type (PREFIX: extern, or empty in the Arch's generated TU).
 #define MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)                                                                  \
     PREFIX template void decode_scores_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, MatrixView<const E>,     \
                                                                    Matrix) const noexcept;                            \
@@ -33,8 +33,8 @@ struct decode_accumulate_kernel {
     MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, bfloat16) \
     MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, float16)
 
-MHA_DECODE_INSTANTIATE(extern, arch_avx512)
-MHA_DECODE_INSTANTIATE(extern, arch_avx2)
-MHA_DECODE_INSTANTIATE(extern, arch_sse2)
+#define MHA_DECODE_EXTERN_(isa, arch, suffix) MHA_DECODE_INSTANTIATE(extern, arch)
+MHA_SIMD_ARCHS(MHA_DECODE_EXTERN_)
+#undef MHA_DECODE_EXTERN_
 
 }  // namespace mha::simd

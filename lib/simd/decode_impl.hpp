@@ -1,5 +1,5 @@
 // The decode-step kernels on one ISA: definitions of decode_scores_kernel and decode_accumulate_kernel,
-// included only by the decode_<isa>.cpp TUs.
+// included only by the generated decode_<isa>.cpp TUs (dispatch.hpp).
 //   scores:     s[m, j] = scale·Σ_c q[m, c]·k[j, c]   q [M, d], k [n, d], s [M, n]
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c]        p [M, n], v [n, d], o [M, d]
 // K and V are float, bfloat16 or float16 (a KV cache's element type): 16-bit elements are widened to float
@@ -243,6 +243,7 @@ template <class Arch>
 inline MHA_GEMM_INLINE batch<Arch> block_sums4(const batch<Arch>& v0, const batch<Arch>& v1, const batch<Arch>& v2,
                                         const batch<Arch>& v3) noexcept {
     using B = batch<Arch>;
+#if MHA_SIMD_X86
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         const B t01 = B(_mm512_unpacklo_ps(v0, v1)) + B(_mm512_unpackhi_ps(v0, v1));
         const B t23 = B(_mm512_unpacklo_ps(v2, v3)) + B(_mm512_unpackhi_ps(v2, v3));
@@ -256,6 +257,17 @@ inline MHA_GEMM_INLINE batch<Arch> block_sums4(const batch<Arch>& v0, const batc
         const B t23 = B(_mm_unpacklo_ps(v2, v3)) + B(_mm_unpackhi_ps(v2, v3));
         return B(_mm_shuffle_ps(t01, t23, 0x44)) + B(_mm_shuffle_ps(t01, t23, 0xEE));
     }
+#else
+    // A generic 4-lane arch (not x86): the same sums through memory.
+    static_assert(B::size == 4, "the decode kernels' generic path has 4 lanes");
+    alignas(64) float v[4][4], r[4];
+    v0.store_aligned(v[0]);
+    v1.store_aligned(v[1]);
+    v2.store_aligned(v[2]);
+    v3.store_aligned(v[3]);
+    for (std::size_t i = 0; i < 4; ++i) r[i] = (v[i][0] + v[i][2]) + (v[i][1] + v[i][3]);
+    return B::load_aligned(r);
+#endif
 }
 
 // Writes scale·(lane sum of acc[m][j]) to s[m·lds + j] for m < QR, j < KR (acc [QB][4]).
@@ -269,13 +281,16 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
     B sums[G];
     B u[QB];
     unroll<QB>([&](auto m) MHA_GEMM_INLINE { u[m] = block_sums4<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]); });
+#if MHA_SIMD_X86
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         const B w01 = B(_mm512_shuffle_f32x4(u[0], u[1], 0x44)) + B(_mm512_shuffle_f32x4(u[0], u[1], 0xEE));
         const B w23 = B(_mm512_shuffle_f32x4(u[2], u[3], 0x44)) + B(_mm512_shuffle_f32x4(u[2], u[3], 0xEE));
         sums[0] = B(_mm512_shuffle_f32x4(w01, w23, 0x88)) + B(_mm512_shuffle_f32x4(w01, w23, 0xDD));
     } else if constexpr (std::is_same_v<Arch, arch_avx2>) {
         sums[0] = B(_mm256_permute2f128_ps(u[0], u[1], 0x20)) + B(_mm256_permute2f128_ps(u[0], u[1], 0x31));
-    } else {
+    } else
+#endif
+    {
         unroll<QB>([&](auto m) MHA_GEMM_INLINE { sums[m] = u[m]; });
     }
     constexpr std::size_t R = B::size / 4;  // query rows per sums[g]
@@ -283,12 +298,15 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
     if constexpr (KR == 4) {
         // One 128-bit store per query row.
         unroll<QR>([&](auto m) MHA_GEMM_INLINE {
-            constexpr std::size_t g = decltype(m)::value / R, b = decltype(m)::value % R;
+            constexpr std::size_t g = decltype(m)::value / R;
+#if MHA_SIMD_X86
+            constexpr std::size_t b = decltype(m)::value % R;
             if constexpr (std::is_same_v<Arch, arch_avx512>)
                 _mm_storeu_ps(s + m * lds, _mm512_extractf32x4_ps(sums[g], b));
             else if constexpr (std::is_same_v<Arch, arch_avx2>)
                 _mm_storeu_ps(s + m * lds, _mm256_extractf128_ps(sums[g], b));
             else
+#endif
                 sums[g].store_unaligned(s + m * lds);
         });
     } else {

@@ -66,25 +66,25 @@ struct GemmScratchBoundKernel {
     GemmScratchSize operator()(Arch, std::size_t m, std::size_t n, std::size_t k, Trans ta, Trans tb) const noexcept;
 };
 
-#define MHA_GEMM_EXTERN(ARCH)                                                                                \
-    extern template void GemmKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans, ConstMatrix, Trans, \
-                                                      float, Matrix, const GemmScratch&) const noexcept;    \
-    extern template void GemmPackedKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans,                 \
-                                                            const PackedMatrix::View&, float, const float*,  \
-                                                            Matrix, const GemmScratch&) const noexcept;      \
-    extern template void PackBKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, float*,                     \
-                                                       const PackedMatrix::View&) const noexcept;            \
-    extern template void GemmPanelsKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans, const PanelMatrix&,  \
-                                                            float, Matrix, const GemmScratch&) const noexcept;   \
-    extern template void PackPanelsKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, float*, std::size_t)        \
-        const noexcept;                                                                                          \
-    extern template std::size_t PanelWidthKernel::operator()<ARCH>(ARCH) const noexcept;                         \
-    extern template std::size_t PackedKcKernel::operator()<ARCH>(ARCH) const noexcept;                           \
-    extern template GemmScratchSize GemmScratchBoundKernel::operator()<ARCH>(ARCH, std::size_t, std::size_t,     \
+// The instantiations of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
+#define MHA_GEMM_INSTANTIATE(PREFIX, ARCH)                                                                            \
+    PREFIX template void GemmKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans, ConstMatrix, Trans,            \
+                                                      float, Matrix, const GemmScratch&) const noexcept;              \
+    PREFIX template void GemmPackedKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans,                          \
+                                                            const PackedMatrix::View&, float, const float*,           \
+                                                            Matrix, const GemmScratch&) const noexcept;               \
+    PREFIX template void PackBKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, float*,                              \
+                                                       const PackedMatrix::View&) const noexcept;                     \
+    PREFIX template void GemmPanelsKernel::operator()<ARCH>(ARCH, float, ConstMatrix, Trans, const PanelMatrix&,      \
+                                                            float, Matrix, const GemmScratch&) const noexcept;        \
+    PREFIX template void PackPanelsKernel::operator()<ARCH>(ARCH, ConstMatrix, Trans, float*, std::size_t)            \
+        const noexcept;                                                                                               \
+    PREFIX template std::size_t PanelWidthKernel::operator()<ARCH>(ARCH) const noexcept;                              \
+    PREFIX template std::size_t PackedKcKernel::operator()<ARCH>(ARCH) const noexcept;                                \
+    PREFIX template GemmScratchSize GemmScratchBoundKernel::operator()<ARCH>(ARCH, std::size_t, std::size_t,          \
                                                                              std::size_t, Trans, Trans) const noexcept;
-MHA_GEMM_EXTERN(arch_avx512)
-MHA_GEMM_EXTERN(arch_avx2)
-MHA_GEMM_EXTERN(arch_sse2)
-#undef MHA_GEMM_EXTERN
+#define MHA_GEMM_EXTERN_(isa, arch, suffix) MHA_GEMM_INSTANTIATE(extern, arch)
+MHA_SIMD_ARCHS(MHA_GEMM_EXTERN_)
+#undef MHA_GEMM_EXTERN_
 
 }  // namespace mha::simd

@@ -53,4 +53,13 @@ struct GemmBlocking<arch_sse2> {
     static constexpr std::size_t KC = 768, NC = 512;
 };
 
+#if !MHA_SIMD_X86
+// A generic arch (the target's baseline, e.g. NEON's 32 registers of 4 floats): as SSE2, untuned.
+template <>
+struct GemmBlocking<arch_generic> {
+    static constexpr std::size_t W = xsimd::batch<float, arch_generic>::size, MR = 6, NV = 2, NR = NV * W;
+    static constexpr std::size_t KC = 768, NC = 512;
+};
+#endif
+
 }  // namespace mha::simd

@@ -1,5 +1,5 @@
 // The GEMM's loops around the microkernel (BLIS layers), templated on the xsimd Arch; included only by
-// the per-ISA TUs gemm_<isa>.cpp, which instantiate the functors of gemm.hpp.
+// the per-ISA TUs gemm_<isa>.cpp (generated, see dispatch.hpp), which instantiate the functors of gemm.hpp.
 //   C = alpha·op(A)·op(B) + beta·C (+ bias[j] when given), op(A) [M, K], op(B) [K, N], C [M, N].
 //   beta == 0: C is only written. K == 0: C = beta·C (+ bias). C must not overlap A or B.
 // Blocking and loop order: see gemm_blocking.hpp. Each C element is summed over k in the same order

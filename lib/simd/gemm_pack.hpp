@@ -11,8 +11,12 @@
 #include <cstddef>
 #include <type_traits>
 
-#include <immintrin.h>
 #include <xsimd/xsimd.hpp>
+
+#include "isa_table.hpp"
+#if MHA_SIMD_X86
+#include <immintrin.h>
+#endif
 
 #include "dispatch.hpp"
 
@@ -30,6 +34,7 @@ void pack_a_panel(std::size_t m, std::size_t kc, const float* src, std::size_t l
 // transposed in registers (W loads, W stores, about W·log2(W) shuffles).
 template <class Arch>
 inline void transpose_block(const float* src, std::size_t lds, float* dst, std::size_t ldd) noexcept {
+#if MHA_SIMD_X86
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         __m512 r[16], t[16];
         for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
@@ -83,6 +88,12 @@ inline void transpose_block(const float* src, std::size_t lds, float* dst, std::
         _mm_storeu_ps(dst + 2 * ldd, r2);
         _mm_storeu_ps(dst + 3 * ldd, r3);
     }
+#else
+    // A generic arch (not x86): element by element.
+    constexpr std::size_t W = xsimd::batch<float, Arch>::size;
+    for (std::size_t r = 0; r < W; ++r)
+        for (std::size_t c = 0; c < W; ++c) dst[r * ldd + c] = src[c * lds + r];
+#endif
 }
 
 template <class Arch, std::size_t NR>

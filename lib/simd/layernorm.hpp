@@ -1,6 +1,6 @@
 // The row layernorm kernel as a functor templated on the xsimd Arch (recipe: dispatch.hpp).
 // Contract: reference::layernorm_row. Definition in layernorm_impl.hpp, instantiated once per ISA by
-// layernorm_<isa>.cpp; everyone else sees only the extern declarations below.
+// the generated layernorm_<isa>.cpp (dispatch.hpp); everyone else sees only the extern declarations below.
 #pragma once
 #include <cstddef>
 
@@ -14,14 +14,12 @@ struct layernorm_kernel {
                     const float* beta, float eps) const noexcept;
 };
 
-extern template void layernorm_kernel::operator()<arch_avx512>(arch_avx512, float*, const float*, const float*,
-                                                               std::size_t, const float*, const float*,
-                                                               float) const noexcept;
-extern template void layernorm_kernel::operator()<arch_avx2>(arch_avx2, float*, const float*, const float*,
-                                                             std::size_t, const float*, const float*,
-                                                             float) const noexcept;
-extern template void layernorm_kernel::operator()<arch_sse2>(arch_sse2, float*, const float*, const float*,
-                                                             std::size_t, const float*, const float*,
-                                                             float) const noexcept;
+// The instantiation of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
+#define MHA_LAYERNORM_INSTANTIATE(PREFIX, ARCH)                                                                    \
+    PREFIX template void layernorm_kernel::operator()<ARCH>(ARCH, float*, const float*, const float*, std::size_t, \
+                                                            const float*, const float*, float) const noexcept;
+#define MHA_LAYERNORM_EXTERN_(isa, arch, suffix) MHA_LAYERNORM_INSTANTIATE(extern, arch)
+MHA_SIMD_ARCHS(MHA_LAYERNORM_EXTERN_)
+#undef MHA_LAYERNORM_EXTERN_
 
 }  // namespace mha::simd

@@ -1,5 +1,5 @@
 // Row layernorm on one ISA: the definition of layernorm_kernel::operator(), included only by the
-// layernorm_<isa>.cpp TUs. For z = x (+ residual) of length n:
+// generated layernorm_<isa>.cpp TUs. For z = x (+ residual) of length n:
 //   y = gamma·(z − mean)/sqrt(var + eps) + beta, var biased; gamma/beta null mean ones/zeros.
 // Preconditions: n >= 1; y is the same memory as x or residual, or overlaps neither; gamma/beta hold n.
 // Passes (the row stays in L1/L2):

@@ -13,11 +13,12 @@ struct softmax_tile_online_kernel {
                      MaskRow mask1, float& running_max) const noexcept;
 };
 
-extern template float softmax_tile_online_kernel::operator()<arch_avx512>(arch_avx512, float*, std::size_t, std::size_t, float,
-                                                                          MaskRow, MaskRow, float&) const noexcept;
-extern template float softmax_tile_online_kernel::operator()<arch_avx2>(arch_avx2, float*, std::size_t, std::size_t, float,
-                                                                        MaskRow, MaskRow, float&) const noexcept;
-extern template float softmax_tile_online_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float,
-                                                                        MaskRow, MaskRow, float&) const noexcept;
+// The instantiation of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
+#define MHA_ONLINE_SOFTMAX_INSTANTIATE(PREFIX, ARCH)                                                           \
+    PREFIX template float softmax_tile_online_kernel::operator()<ARCH>(ARCH, float*, std::size_t, std::size_t, \
+                                                                       float, MaskRow, MaskRow, float&) const noexcept;
+#define MHA_ONLINE_SOFTMAX_EXTERN_(isa, arch, suffix) MHA_ONLINE_SOFTMAX_INSTANTIATE(extern, arch)
+MHA_SIMD_ARCHS(MHA_ONLINE_SOFTMAX_EXTERN_)
+#undef MHA_ONLINE_SOFTMAX_EXTERN_
 
 }  // namespace mha::simd

@@ -1,6 +1,6 @@
 // The row softmax kernel as a functor templated on the xsimd Arch (recipe: dispatch.hpp).
 // Contract: reference::softmax_row. Definition in softmax_impl.hpp, instantiated once per ISA by
-// softmax_<isa>.cpp; everyone else sees only the extern declarations below.
+// the generated softmax_<isa>.cpp (dispatch.hpp); everyone else sees only the extern declarations below.
 #pragma once
 #include <cstddef>
 
@@ -15,11 +15,12 @@ struct softmax_kernel {
                     MaskRow mask1) const noexcept;
 };
 
-extern template void softmax_kernel::operator()<arch_avx512>(arch_avx512, float*, std::size_t, std::size_t, float,
-                                                             MaskRow, MaskRow) const noexcept;
-extern template void softmax_kernel::operator()<arch_avx2>(arch_avx2, float*, std::size_t, std::size_t, float,
-                                                           MaskRow, MaskRow) const noexcept;
-extern template void softmax_kernel::operator()<arch_sse2>(arch_sse2, float*, std::size_t, std::size_t, float,
-                                                           MaskRow, MaskRow) const noexcept;
+// The instantiation of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
+#define MHA_SOFTMAX_INSTANTIATE(PREFIX, ARCH)                                                                     \
+    PREFIX template void softmax_kernel::operator()<ARCH>(ARCH, float*, std::size_t, std::size_t, float, MaskRow, \
+                                                          MaskRow) const noexcept;
+#define MHA_SOFTMAX_EXTERN_(isa, arch, suffix) MHA_SOFTMAX_INSTANTIATE(extern, arch)
+MHA_SIMD_ARCHS(MHA_SOFTMAX_EXTERN_)
+#undef MHA_SOFTMAX_EXTERN_
 
 }  // namespace mha::simd

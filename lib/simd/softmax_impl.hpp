@@ -1,5 +1,5 @@
 // Row softmax on one ISA: the definition of softmax_kernel::operator(), included only by the
-// softmax_<isa>.cpp TUs. In place on x[0, n):
+// generated softmax_<isa>.cpp TUs. In place on x[0, n):
 //   z_j = scale·x_j (+ mask0_j) (+ mask1_j) for j < n_valid,
 //   x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, x_j = 0 for n_valid <= j < n;
 //   a row whose z are all -inf (or n_valid == 0) becomes 0 (if the others are NaN: NaN). NaN in z makes the row's valid entries NaN,

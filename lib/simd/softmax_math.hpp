@@ -68,6 +68,7 @@ inline float reduce_max(arch_avx512, const batch<arch_avx512>& v) noexcept { ret
 #endif
 
 // A boolean mask's bytes p[0, W) as additive values: -inf where the byte is nonzero, else 0.
+#if MHA_SIMD_X86
 inline batch<arch_sse2> bool_mask_additive(arch_sse2, const std::uint8_t* p) noexcept {
     int bytes;
     __builtin_memcpy(&bytes, p, 4);
@@ -76,6 +77,14 @@ inline batch<arch_sse2> bool_mask_additive(arch_sse2, const std::uint8_t* p) noe
     const __m128i is_zero = _mm_cmpeq_epi32(b32, zero);
     return _mm_andnot_ps(_mm_castsi128_ps(is_zero), _mm_set1_ps(-kInf));
 }
+#else
+template <class Arch>  // a generic arch (not x86)
+batch<Arch> bool_mask_additive(Arch, const std::uint8_t* p) noexcept {
+    alignas(64) float t[batch<Arch>::size];
+    for (std::size_t i = 0; i < batch<Arch>::size; ++i) t[i] = p[i] != 0 ? kNegInf : 0.0f;
+    return batch<Arch>::load_aligned(t);
+}
+#endif
 #if defined(__AVX2__)
 inline batch<arch_avx2> bool_mask_additive(arch_avx2, const std::uint8_t* p) noexcept {
     const __m256i b32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));

@@ -1,13 +1,14 @@
-// The public kernel entry points: validate, then run the scalar reference or the SIMD kernel.
+// The public kernel entry points (mha/kernels.hpp): validate, then run the scalar reference or the SIMD kernel.
+// lib/api sits above the kernels (lib/simd, lib/reference) and lib/core, beside lib/attention.
 #include <cmath>
 
+#include "../core/scratch.hpp"
+#include "../core/validate.hpp"
 #include "../reference/reference.hpp"
 #include "../simd/gemm_bf16.hpp"
 #include "../simd/round_bf16.hpp"
 #include "../simd/simd.hpp"
-#include "scratch.hpp"
 #include "mha/kernels.hpp"
-#include "validate.hpp"
 
 namespace mha {
 

@@ -1,0 +1,16 @@
+// The bf16 GEMM's kernels elsewhere than x86 (x86's: lib/simd/gemm_bf16_avx512bf16.cpp): there are none.
+// bf16_kernels_available() is false here (no level above the baseline), so callers never reach these;
+// they exist so that programs link.
+#include <cstdlib>
+
+#include "../gemm_bf16.hpp"
+
+namespace mha::simd {
+
+void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix, Trans, std::uint16_t*, std::size_t) noexcept { std::abort(); }
+void Bf16Kernels::gemm(arch_avx512, float, ConstMatrix, const Bf16Panels&, float, const float*, Matrix,
+                       std::uint16_t*) noexcept {
+    std::abort();
+}
+
+}  // namespace mha::simd
