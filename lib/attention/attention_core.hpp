@@ -56,6 +56,11 @@ struct Carver {
     std::size_t total = 0;
     std::size_t take(std::size_t floats);
 };
+// Where a call's per-thread slots start (in floats from its base), their size and count, and the call's total.
+struct SlotLayout {
+    std::size_t slots = 0, slot_floats = 0, threads = 0, total_floats = 0;
+    std::size_t bytes() const noexcept { return total_floats * sizeof(float); }
+};
 // a·b, or mha::invalid_argument if the scratch size overflows.
 std::size_t scratch_mul(std::size_t a, std::size_t b);
 

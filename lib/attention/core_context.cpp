@@ -1,12 +1,12 @@
 // CoreContext (core_context.hpp): key visibility, the mask / non-finite value policy, the per-thread slot.
 #include "core_context.hpp"
 
+#include "../simd/nonfinite.hpp"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <limits>
-
-#include <emmintrin.h>
 
 #include <tbb/task_arena.h>
 
@@ -28,28 +28,9 @@ KVRows rows_or(const KVRows& rows, const ConstHeads& x) noexcept { return rows.b
 std::uint64_t kv_rows_read() noexcept { return g_kv_rows_read.load(std::memory_order_relaxed); }
 void count_kv_rows(std::size_t rows) noexcept { g_kv_rows_read.fetch_add(rows, std::memory_order_relaxed); }
 
-// Its exponent bits are all set. SSE2 (the x86-64 baseline), four at a time: ((bits & exponent) + 2^23) has
-// its top bit set exactly when the exponent field is all ones.
-bool any_nonfinite(const float* x, std::size_t n) noexcept {
-    const __m128i exponent = _mm_set1_epi32(0x7f800000), one = _mm_set1_epi32(0x00800000);
-    __m128i acc = _mm_setzero_si128();
-    std::size_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
-        acc = _mm_or_si128(acc, _mm_add_epi32(_mm_and_si128(bits, exponent), one));
-    }
-    bool bad = (_mm_movemask_ps(_mm_castsi128_ps(acc)) != 0);
-    for (; j < n; ++j) bad |= !std::isfinite(x[j]);
-    return bad;
-}
-
 bool any_nonfinite(const ElementFormat& format, const void* x, std::size_t n) noexcept {
-    if (format.type == DataType::f32) return any_nonfinite(static_cast<const float*>(x), n);
-    const std::uint16_t exponent = format.type == DataType::bf16 ? 0x7f80 : 0x7c00;
-    const auto* e = static_cast<const std::uint16_t*>(x);
-    bool bad = false;
-    for (std::size_t j = 0; j < n; ++j) bad |= (e[j] & exponent) == exponent;
-    return bad;
+    if (format.type == DataType::f32) return simd::any_nonfinite(static_cast<const float*>(x), n);
+    return any_nonfinite_elements(format, x, n);
 }
 
 bool all_masked(const simd::MaskRow& m, std::size_t n) noexcept {

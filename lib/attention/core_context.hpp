@@ -35,9 +35,8 @@ struct CoreSlot {
 // Counts K and V rows read (kv_rows_read()).
 void count_kv_rows(std::size_t rows) noexcept;
 
-// Any of x[0, n) is NaN or ±inf.
-bool any_nonfinite(const float* x, std::size_t n) noexcept;
-// The same for n elements of a row of `format` (16-bit rows: the exponent field all ones).
+// Any of the n elements of a row of `format` is NaN or ±inf (fp32: simd::any_nonfinite; 16-bit: the exponent
+// field all ones).
 bool any_nonfinite(const ElementFormat& format, const void* x, std::size_t n) noexcept;
 // Every key j < n of a padding row is masked (nonzero byte or additive -inf).
 bool all_masked(const simd::MaskRow& m, std::size_t n) noexcept;

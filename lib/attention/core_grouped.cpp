@@ -14,6 +14,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "../simd/nonfinite.hpp"
 #include "../simd/round_bf16.hpp"
 #include "core_context.hpp"
 
@@ -77,7 +78,7 @@ private:
         count_kv_rows(2 * n);
         if (std::uint8_t* flags = c_.value_flags(); flags != nullptr) {  // a NaN/±inf value needs the careful P·V
             bool bad = false;
-            for (std::size_t j = 0; j < n && !bad; ++j) bad = any_nonfinite(v.row(j), c_.d);
+            for (std::size_t j = 0; j < n && !bad; ++j) bad = simd::any_nonfinite(v.row(j), c_.d);
             if (bad) __atomic_store_n(&flags[bh], std::uint8_t{1}, __ATOMIC_RELAXED);
         }
     }

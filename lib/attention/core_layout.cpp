@@ -6,14 +6,11 @@
 #include <tbb/task_arena.h>
 
 #include "../core/validate.hpp"
+#include "../simd/isa_table.hpp"
 #include "attention_core.hpp"
 
 namespace mha::detail {
 namespace {
-
-// Sizes are the largest over the ISAs this CPU has (the cap may change between a workspace query and the
-// call; it can only select one of these). Never asks an ISA the CPU lacks.
-constexpr Isa kIsas[] = {Isa::sse2, Isa::avx2, Isa::avx512};
 
 // Floats of one head's packed panels: ceil(n / NR) panels of round16(k·NR) floats (PanelMatrix), checked.
 std::size_t panel_floats(Isa isa, std::size_t k, std::size_t n) {
@@ -59,7 +56,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         row_stats = scratch_mul(2, m);
     } else if (path == CorePath::grouped) {
         std::size_t key_floats = 0, value_floats = 0;
-        for (Isa isa : kIsas) {
+        for (Isa isa : simd::kSimdIsas) {  // the largest over the ISAs this CPU has: the cap may change before the call
             if (isa > detected_isa()) continue;
             key_floats = std::max(key_floats, panel_floats(isa, s.d, s.Lk));    // K_hᵀ: [d, Lk]
             value_floats = std::max(value_floats, panel_floats(isa, s.Lk, s.d));  // V_h: [Lk, d]
@@ -76,7 +73,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     } else {
         // per_head writes the probabilities straight into attn_weights.
         scores = need_weights == NeedWeights::per_head ? 0 : scratch_mul(kQueryBlock, s.Lk);
-        for (Isa isa : kIsas) {
+        for (Isa isa : simd::kSimdIsas) {  // the largest over the ISAs this CPU has: the cap may change before the call
             if (isa > detected_isa()) continue;
             // S = Q_h·K_hᵀ: [rows, keys] over d; then P·V_h: [rows, d] over keys.
             const simd::GemmScratchSize qk = simd::gemm_scratch_bound(isa, kQueryBlock, s.Lk, s.d, Trans::no, Trans::yes);

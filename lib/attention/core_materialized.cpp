@@ -8,6 +8,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "../simd/nonfinite.hpp"
 #include "../simd/round_bf16.hpp"
 #include "core_context.hpp"
 
@@ -22,7 +23,7 @@ void check_values(const CoreContext& c) {
         for (std::size_t bh = r.begin(); bh != r.end(); ++bh) {
             const ConstMatrix v = c.p.v.head(bh / c.Hkv, bh % c.Hkv);
             bool bad = false;
-            for (std::size_t j = 0; j < c.keys_of(bh / c.Hkv) && !bad; ++j) bad = any_nonfinite(v.row(j), c.d);
+            for (std::size_t j = 0; j < c.keys_of(bh / c.Hkv) && !bad; ++j) bad = simd::any_nonfinite(v.row(j), c.d);
             flags[bh] = bad ? 1 : 0;
         }
     });

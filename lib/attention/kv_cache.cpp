@@ -121,12 +121,11 @@ HeadsView<const T> KVCache::values_as() const {
     return detail::KVCacheAccess::typed<T>(*this, true);
 }
 
-template HeadsView<const float> KVCache::keys_as<float>() const;
-template HeadsView<const bfloat16> KVCache::keys_as<bfloat16>() const;
-template HeadsView<const float16> KVCache::keys_as<float16>() const;
-template HeadsView<const float> KVCache::values_as<float>() const;
-template HeadsView<const bfloat16> KVCache::values_as<bfloat16>() const;
-template HeadsView<const float16> KVCache::values_as<float16>() const;
+#define MHA_TYPED_VIEWS_(name, E)                                \
+    template HeadsView<const E> KVCache::keys_as<E>() const; \
+    template HeadsView<const E> KVCache::values_as<E>() const;
+MHA_KV_ELEMENT_TYPES(MHA_TYPED_VIEWS_)
+#undef MHA_TYPED_VIEWS_
 
 ConstMatrix KVCache::keys(std::size_t b, std::size_t h) const {
     check_sequence(b);
@@ -181,8 +180,7 @@ namespace detail {
 
 template <class T>
 HeadsView<const T> KVCacheAccess::typed(const KVCache& c, bool values) {
-    c.check_element(std::is_same_v<T, bfloat16> ? DataType::bf16 : std::is_same_v<T, float16> ? DataType::f16 : DataType::f32,
-                    "keys_as / values_as");
+    c.check_element(element_type_of<T>(), "keys_as / values_as");
     const KVRows r = rows(c, values);
     return {static_cast<const T*>(r.base), c.batch_, c.kv_heads_, c.capacity_, c.head_dim_, r.batch_stride, r.head_stride, r.row_stride};
 }

@@ -22,32 +22,10 @@ namespace {
 // core work at B·L = 128 tokens.
 constexpr std::size_t kRowBlock = 64;
 
-bool same_view(const ConstBatch& a, const ConstBatch& b) {
-    return a.data == b.data && a.batch == b.batch && a.rows == b.rows && a.cols == b.cols &&
-           a.row_stride == b.row_stride && a.batch_stride == b.batch_stride;
-}
-
-// The core's Lk: the key rows, or with a cache the longest sequence after the append.
-std::size_t core_keys(const AttentionInputs& in, const KVCache* cache) {
-    if (cache == nullptr) return in.key.rows;
-    std::size_t longest = 0;
-    for (std::size_t n : cache->lengths()) longest = std::max(longest, n);
-    return longest + in.query.rows;
-}
-
-CorePath layer_core_path(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
-                         std::size_t Lk) noexcept {
-    return core_path(st.H, st.Hkv, in.query.rows, Lk, opt.need_weights, opt.impl);
-}
-
 // Columns per task of the few-token projections (a multiple of every ISA's panel width).
 constexpr std::size_t kColumnBlock = 256;
 
 }  // namespace
-
-bool is_self_attention(const AttentionInputs& in) noexcept {
-    return same_view(in.query, in.key) && same_view(in.key, in.value);
-}
 
 std::size_t arena_threads(int threads) {
     if (threads <= 0) return static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
@@ -57,54 +35,59 @@ std::size_t arena_threads(int threads) {
     return std::min(static_cast<std::size_t>(threads), allowed);
 }
 
-bool few_tokens(const AttentionInputs& in) noexcept {
-    return is_self_attention(in) && in.query.batch * in.query.rows <= kFewTokens;
+SlotLayout place_slots(Carver& call, const Carver& slot, int threads) {
+    SlotLayout l;
+    l.slot_floats = slot.total;
+    l.threads = arena_threads(threads);
+    l.slots = call.take(scratch_mul(l.threads, l.slot_floats));
+    l.total_floats = call.total;
+    return l;
 }
 
-ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
-                             const KVCache* cache) {
+bool few_tokens(const LayerCall& call) noexcept { return call.self_attention && call.B * call.Lq <= kFewTokens; }
+
+ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call) {
     ScratchLayout l;
     Carver c, slot;
-    const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
+    const AttentionInputs& in = call.in;
+    const KVCache* cache = call.cache;
+    const std::size_t B = call.B, Lq = call.Lq, Lk = call.Lk;
     const bool contiguous = in.query.row_stride == in.query.cols && in.query.batch_stride == Lq * in.query.cols;
-    if (few_tokens(in) && !contiguous) l.tokens = c.take(scratch_mul(scratch_mul(B, Lq), st.E));
+    if (few_tokens(call) && !contiguous) l.tokens = c.take(scratch_mul(scratch_mul(B, Lq), st.E));
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
-    if (is_self_attention(in)) {
+    if (call.self_attention) {
         l.projections = c.take(scratch_mul(scratch_mul(B, Lq), qw + 2 * kvw));
     } else {
         l.projections = c.take(scratch_mul(scratch_mul(B, Lq), qw));
         l.key_values = c.take(scratch_mul(scratch_mul(B, Lk), 2 * kvw));
     }
     l.context = c.take(scratch_mul(scratch_mul(B, Lq), qw));
-    l.cache_keys = core_keys(in, cache);
+    l.cache_keys = call.core_keys;
     if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
     const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute};
-    const CorePath path = l.path = layer_core_path(st, in, opt, l.cache_keys);
+    const CorePath path = call.core_path;
     if (cache != nullptr && !KVCacheAccess::keys(*cache).is_f32_heads() && path != CorePath::decode) {
         const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
         l.widen_cache = true;
         l.widened_keys = c.take(floats);
         l.widened_values = c.take(floats);
     }
-    l.core = core_layout(shape, path, opt.need_weights, c, slot);
+    l.core = core_layout(shape, path, call.opt.need_weights, c, slot);
     l.rope_table = slot.take(st.rope ? scratch_mul(kRowBlock, st.rope->dims) : 0);
     if (st.compute == DataType::bf16) {
         const std::size_t k = std::max({st.E, st.kdim, st.vdim, qw});
         l.linear16 = slot.take(std::max(scratch_mul(kRowBlock, k), simd::gemm_bf16_scratch(kRowBlock, k) / 2 + 1));
     }
-    l.slot_floats = slot.total;
-    l.threads = arena_threads(opt.threads);
-    l.slots = c.take(scratch_mul(l.threads, l.slot_floats));
-    l.total_floats = c.total;
+    static_cast<SlotLayout&>(l) = place_slots(c, slot, call.opt.threads);
     return l;
 }
 
-LayerForward::LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
-                     const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache)
-    : st_(st), in_(in), out_(out), opt_(opt), layout_(layout), B_(in.query.batch), Lq_(in.query.rows), Lk_(in.key.rows),
-      self_attention_(is_self_attention(in)),
-      query_shift_(cache == nullptr && opt.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
-      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(in)),
+LayerForward::LayerForward(const detail::LayerState& st, const LayerCall& call, const ScratchLayout& layout, float* scratch,
+                           KVCache* cache)
+    : st_(st), call_(call), in_(call.in), out_(call.out), opt_(call.opt), layout_(layout), B_(call.B), Lq_(call.Lq), Lk_(call.Lk),
+      self_attention_(call.self_attention),
+      query_shift_(cache == nullptr && opt_.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
+      scratch_(scratch), cache_(cache), few_tokens_(few_tokens(call)),
       operands_(gemm_operands(st.compute, st.has_bf16_weights() && simd::bf16_kernels_available())) {
     if (cache != nullptr) cache_keys_ = KVCacheAccess::keys(*cache), cache_values_ = KVCacheAccess::values(*cache);
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
@@ -353,7 +336,7 @@ void LayerForward::run() const {
     p.need_weights = opt_.need_weights;
     p.attn_weights = out_.attn_weights;
     p.compute = st_.compute;
-    const AttentionCore core(p, layout_.path, layout_.core, scratch_, scratch_ + layout_.slots,
+    const AttentionCore core(p, call_.core_path, layout_.core, scratch_, scratch_ + layout_.slots,
                              layout_.slot_floats, layout_.threads);
     core.run();
     project_output();

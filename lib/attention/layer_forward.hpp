@@ -12,6 +12,7 @@
 #include "attention_core.hpp"
 #include "gemm_operands.hpp"
 #include "kv_rows.hpp"
+#include "validate_call.hpp"
 #include "state.hpp"
 
 namespace mha::detail {
@@ -19,7 +20,7 @@ namespace mha::detail {
 // Where a forward's scratch lives, in floats from a 64-byte aligned base: the projections, the context and
 // the core's per-call regions, then one slot per thread of the arena (tbb's current_thread_index picks it).
 // Sizes depend on the shape, the path and the thread count only.
-struct ScratchLayout {
+struct ScratchLayout : SlotLayout {
     std::size_t projections = 0, key_values = 0, context = 0;
     std::size_t tokens = 0;       // few-token path: the query rows gathered into [B·Lq, E] (0: read in place)
     std::size_t key_lengths = 0;  // with a cache: B size_t, each sequence's keys after the append
@@ -28,33 +29,27 @@ struct ScratchLayout {
     // [B, Hkv, cache_keys, d] each (the decode path reads the 16-bit rows in place).
     std::size_t widened_keys = 0, widened_values = 0;
     bool widen_cache = false;
-    CorePath path = CorePath::materialized;  // the core's path, chosen once here
     CoreLayout core;
     std::size_t rope_table = 0;  // within a slot: cos and sin of one projection row block
     std::size_t linear16 = 0;    // within a slot, bf16 compute: the bf16 GEMM's A pack buffer, or a rounded copy of A
-    std::size_t slots = 0, slot_floats = 0, threads = 0;
-    std::size_t total_floats = 0;
-    std::size_t bytes() const noexcept { return total_floats * sizeof(float); }
 };
 
-// key and value are the query itself (one GEMM for Q, K and V). key/value resolved.
-bool is_self_attention(const AttentionInputs& in) noexcept;
 // The concurrency of the arena a forward with `threads` (0: the caller's arena) runs in.
 std::size_t arena_threads(int threads);
+// The per-thread slots after the call's regions: `slot` sized one slot, `call` the regions so far.
+SlotLayout place_slots(Carver& call, const Carver& slot, int threads);
 // Self-attention over at most kFewTokens tokens in all (B·Lq, decode steps and short chunks) projects with
 // the weights' columns split across tasks, so each weight streams from memory once for the whole batch and
 // every core has work; more tokens split the rows.
 inline constexpr std::size_t kFewTokens = 64;
-bool few_tokens(const AttentionInputs& in) noexcept;
-// cache: nullptr, or the validated KV cache of the call.
-ScratchLayout scratch_layout(const detail::LayerState& st, const AttentionInputs& in, const ForwardOptions& opt,
-                             const KVCache* cache);
+bool few_tokens(const LayerCall& call) noexcept;
+// The scratch of a validated call (its shapes, self-attention, cache, and core path).
+ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call);
 
 class LayerForward {
 public:
-    // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, in, opt).
-    LayerForward(const detail::LayerState& st, const AttentionInputs& in, const AttentionOutputs& out,
-              const ForwardOptions& opt, const ScratchLayout& layout, float* scratch, KVCache* cache);
+    // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, call); cache: call's, mutable.
+    LayerForward(const detail::LayerState& st, const LayerCall& call, const ScratchLayout& layout, float* scratch, KVCache* cache);
     // The whole forward. Call inside the arena.
     void run() const;
 
@@ -90,6 +85,7 @@ private:
     std::size_t query_start(std::size_t b) const noexcept { return start_position(b) + query_shift_; }
 
     const detail::LayerState& st_;
+    const LayerCall& call_;
     const AttentionInputs& in_;
     const AttentionOutputs& out_;
     const ForwardOptions& opt_;

@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "../core/validate.hpp"
 #include "../reference/reference.hpp"
@@ -225,10 +226,28 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
     const detail::LayerState::Unpacked weights = st.unpacked();  // before anything is written (may throw bad_alloc)
     reference::Layer layer = weights.layer(st);
     layer.compute = st.compute;  // bf16: the reference rounds where the SIMD path does
-    if (cache != nullptr)
-        reference::cached_attention(layer, call.in.query, out.output, call.opt, *cache);
-    else
-        reference::multihead_attention(layer, call.in, out, call.opt);
+    if (cache == nullptr) return reference::multihead_attention(layer, call.in, out, call.opt);
+    // The cache's rows widened for the reference, which returns the new K / V rows as the cache will hold them;
+    // they are appended after the whole step (nothing changes if an allocation fails first).
+    const std::size_t B = call.B, Lq = call.Lq, Hkv = st.Hkv, d = st.d;
+    std::vector<std::vector<float>> rows(2 * B);
+    std::vector<reference::CachedRows> past(B);
+    for (std::size_t b = 0; b < B; ++b) {
+        const std::size_t n = cache->length(b);
+        rows[2 * b].resize(Hkv * n * d);
+        rows[2 * b + 1].resize(Hkv * n * d);
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            cache->copy_keys(b, h, Matrix(rows[2 * b].data() + h * n * d, n, d));
+            cache->copy_values(b, h, Matrix(rows[2 * b + 1].data() + h * n * d, n, d));
+        }
+        past[b] = {rows[2 * b].data(), rows[2 * b + 1].data(), n};
+    }
+    std::vector<float> new_keys(B * Lq * Hkv * d), new_values(new_keys.size());
+    const Batch k(new_keys.data(), B, Lq, Hkv * d), v(new_values.data(), B, Lq, Hkv * d);
+    reference::cached_attention(layer, call.in.query, out.output, call.opt, detail::element_format(cache->element_type()), past.data(),
+                                k, v);
+    for (std::size_t b = 0; b < B; ++b)
+        cache->append(b, ConstHeads(k[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d));
 }
 
 std::string_view attention_path_name(AttentionPath path) noexcept {

@@ -14,7 +14,7 @@ void run(const SdpaInputs& in, const Heads& out, const SdpaOptions& opt, Workspa
     if (call.path == AttentionPath::scalar)
         reference::attention_core(in, out, call.scale, opt.causal, opt.causal_alignment, nullptr);
     else
-        simd_sdpa(in, out, call.scale, opt, workspace);
+        simd_sdpa(in, out, call, opt, workspace);
 }
 
 }  // namespace
@@ -28,8 +28,9 @@ void scaled_dot_product_attention(const SdpaInputs& in, const Heads& output, con
 }
 
 std::size_t sdpa_workspace_bytes(const SdpaInputs& in, const SdpaOptions& options) {
-    if (detail::describe_sdpa_call(in, options).path == AttentionPath::scalar) return 0;
-    return simd_sdpa_workspace_bytes(in, options);
+    const detail::SdpaCall call = detail::describe_sdpa_call(in, options);
+    if (call.path == AttentionPath::scalar) return 0;
+    return simd_sdpa_workspace_bytes(call, options);
 }
 
 AttentionPath sdpa_path(const SdpaInputs& in, const SdpaOptions& options) { return detail::describe_sdpa_call(in, options).path; }

@@ -59,59 +59,53 @@ void run_with_scratch(std::size_t bytes, Workspace* workspace, std::size_t threa
 }
 
 // The SDPA call's scratch: the core's regions and one slot per thread.
-struct SdpaLayout {
-    detail::CorePath path;
+struct SdpaLayout : detail::SlotLayout {
     detail::CoreLayout core;
-    std::size_t slots = 0, slot_floats = 0, threads = 0, total_floats = 0;
 };
 
-SdpaLayout sdpa_layout(const SdpaInputs& in, const SdpaOptions& opt) {
+SdpaLayout sdpa_layout(const detail::SdpaCall& sdpa, const SdpaOptions& opt) {
     SdpaLayout l;
     detail::Carver call, slot;
-    const detail::CoreShape shape{in.query.batch, in.query.heads, in.key.heads, in.query.dim, in.query.rows, in.key.rows};
-    l.path = detail::core_path(shape.H, shape.Hkv, shape.Lq, shape.Lk, NeedWeights::none, opt.impl);
-    l.core = detail::core_layout(shape, l.path, NeedWeights::none, call, slot);
-    l.slot_floats = slot.total;
-    l.threads = detail::arena_threads(opt.threads);
-    l.slots = call.take(detail::scratch_mul(l.threads, l.slot_floats));
-    l.total_floats = call.total;
+    const detail::CoreShape shape{sdpa.B, sdpa.H, sdpa.Hkv, sdpa.d, sdpa.Lq, sdpa.Lk};
+    l.core = detail::core_layout(shape, sdpa.core_path, NeedWeights::none, call, slot);
+    static_cast<detail::SlotLayout&>(l) = detail::place_slots(call, slot, opt.threads);
     return l;
 }
 
 }  // namespace
 
 std::size_t simd_workspace_bytes(const detail::LayerState& st, const detail::LayerCall& call) {
-    return workspace_bytes_for(detail::scratch_layout(st, call.in, call.opt, call.cache).bytes());
+    return workspace_bytes_for(detail::scratch_layout(st, call).bytes());
 }
 
 void simd_multihead_attention(const detail::LayerState& st, const detail::LayerCall& call, Workspace* workspace, KVCache* cache) {
-    const detail::ScratchLayout layout = detail::scratch_layout(st, call.in, call.opt, cache);
+    const detail::ScratchLayout layout = detail::scratch_layout(st, call);
     run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
-        const detail::LayerForward plan(st, call.in, call.out, call.opt, layout, scratch, cache);
+        const detail::LayerForward plan(st, call, layout, scratch, cache);
         plan.run();
     });
 }
 
-std::size_t simd_sdpa_workspace_bytes(const SdpaInputs& in, const SdpaOptions& opt) {
-    return workspace_bytes_for(sdpa_layout(in, opt).total_floats * sizeof(float));
+std::size_t simd_sdpa_workspace_bytes(const detail::SdpaCall& call, const SdpaOptions& opt) {
+    return workspace_bytes_for(sdpa_layout(call, opt).bytes());
 }
 
-void simd_sdpa(const SdpaInputs& in, const Heads& out, float scale, const SdpaOptions& opt, Workspace* workspace) {
-    const SdpaLayout layout = sdpa_layout(in, opt);
+void simd_sdpa(const SdpaInputs& in, const Heads& out, const detail::SdpaCall& call, const SdpaOptions& opt, Workspace* workspace) {
+    const SdpaLayout layout = sdpa_layout(call, opt);
     detail::CoreProblem p;
     p.q = in.query;
     p.k = in.key;
     p.v = in.value;
     p.out = out;
-    p.scale = scale;
+    p.scale = call.scale;
     p.causal = opt.causal;
     p.causal_shift = opt.causal && opt.causal_alignment == CausalAlignment::bottom_right
                          ? static_cast<std::ptrdiff_t>(in.key.rows) - static_cast<std::ptrdiff_t>(in.query.rows)
                          : 0;
     p.key_padding_mask = in.key_padding_mask;
     p.attn_mask = in.attn_mask;
-    run_with_scratch(layout.total_floats * sizeof(float), workspace, layout.threads, [&](float* scratch) {
-        const detail::AttentionCore core(p, layout.path, layout.core, scratch, scratch + layout.slots, layout.slot_floats,
+    run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
+        const detail::AttentionCore core(p, call.core_path, layout.core, scratch, scratch + layout.slots, layout.slot_floats,
                                          layout.threads);
         core.run();
     });

@@ -4,10 +4,12 @@
 #include <cstddef>
 
 #include "mha/sdpa.hpp"
+#include "validate_call.hpp"
 
 namespace mha {
 
-void simd_sdpa(const SdpaInputs& in, const Heads& out, float scale, const SdpaOptions& opt, Workspace* workspace);
-std::size_t simd_sdpa_workspace_bytes(const SdpaInputs& in, const SdpaOptions& opt);
+// call: validate_sdpa_call's (or describe_sdpa_call's, for the workspace size) resolution of the same call.
+void simd_sdpa(const SdpaInputs& in, const Heads& out, const detail::SdpaCall& call, const SdpaOptions& opt, Workspace* workspace);
+std::size_t simd_sdpa_workspace_bytes(const detail::SdpaCall& call, const SdpaOptions& opt);
 
 }  // namespace mha

@@ -250,8 +250,8 @@ LayerCall resolved(const LayerState& st, const AttentionInputs& in, const Forwar
     if (cache != nullptr) c.core_keys = *std::max_element(cache->lengths().begin(), cache->lengths().end()) + c.Lq;
     c.self_attention = same_view(in.query, in.key) && same_view(in.key, in.value);
     c.compute = st.compute;
-    c.path = opt.backend == Backend::scalar ? AttentionPath::scalar
-                                            : public_path(core_path(st.H, st.Hkv, c.Lq, c.core_keys, opt.need_weights, opt.impl));
+    c.core_path = core_path(st.H, st.Hkv, c.Lq, c.core_keys, opt.need_weights, opt.impl);
+    c.path = opt.backend == Backend::scalar ? AttentionPath::scalar : public_path(c.core_path);
     return c;
 }
 
@@ -313,8 +313,8 @@ SdpaCall resolved(const SdpaInputs& in, const SdpaOptions& opt) {
     SdpaCall c;
     c.B = in.query.batch, c.H = in.query.heads, c.Lq = in.query.rows, c.d = in.query.dim;
     c.Hkv = in.key.heads, c.Lk = in.key.rows;
-    c.path = opt.backend == Backend::scalar ? AttentionPath::scalar
-                                            : public_path(core_path(c.H, c.Hkv, c.Lq, c.Lk, NeedWeights::none, opt.impl));
+    c.core_path = core_path(c.H, c.Hkv, c.Lq, c.Lk, NeedWeights::none, opt.impl);
+    c.path = opt.backend == Backend::scalar ? AttentionPath::scalar : public_path(c.core_path);
     return c;
 }
 

@@ -14,6 +14,7 @@
 #include "mha/kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/workspace.hpp"
+#include "attention_core.hpp"
 
 namespace mha::detail {
 
@@ -48,6 +49,7 @@ struct LayerCall {
     bool self_attention = false;        // key and value are the query
     DataType compute = DataType::f32;   // AttentionConfig::compute
     AttentionPath path = AttentionPath::scalar;
+    CorePath core_path = CorePath::materialized;  // the SIMD core's path (path unless scalar), chosen here only
     std::size_t weight_count = 0;       // floats of out.attn_weights (forward)
 };
 
@@ -69,6 +71,7 @@ struct SdpaCall {
     std::size_t B = 0, H = 0, Hkv = 0, Lq = 0, Lk = 0, d = 0;
     float scale = 1.0f;  // options.scale or 1/√d (validate_sdpa_call)
     AttentionPath path = AttentionPath::scalar;
+    CorePath core_path = CorePath::materialized;  // the SIMD core's path, chosen here only
 };
 SdpaCall describe_sdpa_call(const SdpaInputs& in, const SdpaOptions& opt);
 SdpaCall validate_sdpa_call(const SdpaInputs& in, const Heads& out, const SdpaOptions& opt, const Workspace* workspace);

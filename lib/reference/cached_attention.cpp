@@ -1,46 +1,54 @@
 // Scalar reference of one incremental-decoding step (MultiheadAttention::forward with a KVCache), from the
-// reference kernels. For each sequence b with n_b = cache.length(b) cached tokens and Lq new tokens x_b:
+// reference kernels. For each sequence b with n_b cached tokens (past[b]) and Lq new tokens x_b:
 //   Q = x_b·Wqᵀ + bq [Lq, H·d],  K = x_b·Wkᵀ + bk,  V = x_b·Wvᵀ + bv [Lq, Hkv·d]
 //   with RoPE: every head row of Q and K of new token i rotated at position n_b + i
-//   K and V appended to the cache (rows n_b .. n_b + Lq − 1 of each KV head), rounded to its element type
-//   C = attention_core over Q and the cache's n_b + Lq rows as stored (bf16 / f16 widened to float, exactly),
-//       scale 1/sqrt(d), causal bottom-right
+//   K and V rounded to the cache's element format (what appending them stores), returned in new_keys / values
+//   C = attention_core over Q and the n_b + Lq rows (past, then the new ones), scale 1/sqrt(d), causal
+//       bottom-right
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + x_b)
-// layer.compute bf16: rounded as reference::multihead_attention rounds (the cache receives K and V rounded to
-// bfloat16, exact in its floats).
+// layer.compute bf16: rounded as reference::multihead_attention rounds.
 // Preconditions (checked by the public API): layer resolved, self-attention weights (kdim = vdim = E), the
-// cache's Hkv and d the layer's, n_b + Lq <= capacity, output not overlapping query or cache.
+// cache's Hkv and d the layer's, output not overlapping query.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "mha/kv_cache.hpp"
 #include "reference.hpp"
 
 namespace mha::reference {
-void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache) {
+void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt,
+                      const detail::ElementFormat& format, const CachedRows* past, Batch new_keys, Batch new_values) {
     const std::size_t H = layer.H, Hkv = layer.Hkv, d = layer.d;
     const std::size_t B = query.batch, Lq = query.rows;
-    std::vector<float> q(Lq * H * d), k(Lq * Hkv * d), v(Lq * Hkv * d), ctx(Lq * H * d);
-    const Matrix Q(q.data(), Lq, H * d), K(k.data(), Lq, Hkv * d), V(v.data(), Lq, Hkv * d), C(ctx.data(), Lq, H * d);
+    std::vector<float> q(Lq * H * d), ctx(Lq * H * d), stored(format.bytes * d);
+    const Matrix Q(q.data(), Lq, H * d), C(ctx.data(), Lq, H * d);
     for (std::size_t b = 0; b < B; ++b) {
-        const std::size_t n = cache.length(b);
+        const std::size_t n = past[b].length, L = n + Lq;
         const ConstMatrix x = query[b];
-        const DataType ct = layer.compute;
+        const Matrix K = new_keys[b], V = new_values[b];
         project_inputs(layer, x, x, x, Q, K, V, n, n);
-        std::vector<float> kc(Hkv * (n + Lq) * d), vc(kc.size());  // the cached rows as floats [Hkv, n + Lq, d]
-        // Append through the cache's own API (head h of token i is columns [h·d, h·d + d) of row i), which
-        // rounds to its element type; then read every row back as stored.
-        cache.append(b, ConstHeads(k.data(), 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v.data(), 1, Hkv, Lq, d, 0, d, Hkv * d));
+        // Each new head row as the cache will hold it: rounded to the element format.
+        for (const Matrix& m : {K, V})
+            for (std::size_t i = 0; i < Lq; ++i)
+                for (std::size_t h = 0; h < Hkv; ++h) {
+                    format.narrow(m.row(i) + h * d, stored.data(), d);
+                    format.widen(stored.data(), m.row(i) + h * d, d);
+                }
+        std::vector<float> kc(Hkv * L * d), vc(kc.size());  // [Hkv, n + Lq, d]: the past rows, then the new ones
         for (std::size_t h = 0; h < Hkv; ++h) {
-            cache.copy_keys(b, h, Matrix(kc.data() + h * (n + Lq) * d, n + Lq, d));
-            cache.copy_values(b, h, Matrix(vc.data() + h * (n + Lq) * d, n + Lq, d));
+            std::copy(past[b].keys + h * n * d, past[b].keys + (h + 1) * n * d, kc.begin() + h * L * d);
+            std::copy(past[b].values + h * n * d, past[b].values + (h + 1) * n * d, vc.begin() + h * L * d);
+            for (std::size_t i = 0; i < Lq; ++i) {
+                std::copy(K.row(i) + h * d, K.row(i) + (h + 1) * d, kc.begin() + (h * L + n + i) * d);
+                std::copy(V.row(i) + h * d, V.row(i) + (h + 1) * d, vc.begin() + (h * L + n + i) * d);
+            }
         }
         SdpaInputs in;
         in.query = ConstHeads(q.data(), 1, H, Lq, d, 0, d, H * d);
-        in.key = ConstHeads::bhld(kc.data(), 1, Hkv, n + Lq, d);
-        in.value = ConstHeads::bhld(vc.data(), 1, Hkv, n + Lq, d);
+        in.key = ConstHeads::bhld(kc.data(), 1, Hkv, L, d);
+        in.value = ConstHeads::bhld(vc.data(), 1, Hkv, L, d);
         attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
-                       CausalAlignment::bottom_right, nullptr, ct);
+                       CausalAlignment::bottom_right, nullptr, layer.compute);
         project_output(layer, C, x, output[b], opt.norm_eps);
     }
 }

@@ -7,9 +7,9 @@
 
 #include "mha/attention.hpp"
 #include "mha/kernels.hpp"
-#include "mha/kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
+#include "../core/element_format.hpp"
 
 namespace mha::reference {
 
@@ -78,11 +78,20 @@ void project_output(const Layer& layer, Matrix C, ConstMatrix x, Matrix y, const
 void multihead_attention(const Layer& layer, const AttentionInputs& in, const AttentionOutputs& out,
                          const ForwardOptions& opt);
 
-// One step of incremental decoding (MultiheadAttention::forward with a KVCache): for each sequence b, the Lq
-// new tokens query[b] are projected, their Q and K rows rotated at positions cache.length(b) + i, K and V
-// appended to the cache, and attention over the cache.length(b) + Lq cached keys (bottom-right causal)
-// projected out, then the optional post-norm (opt.norm_eps; the other options do not apply). Validated by the
-// caller (capacity included); advances the lengths. Allocates its own scratch.
-void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt, KVCache& cache);
+// One step of incremental decoding (MultiheadAttention::forward with a KVCache), on the cache's rows as
+// plain floats: for each sequence b with past[b] holding its n_b cached K and V rows ([Hkv, n_b, d] each,
+// contiguous, as the cache stores them widened), the Lq new tokens query[b] are projected, their Q and K rows
+// rotated at positions n_b + i, K and V rounded to the cache's element format (narrowed and widened back:
+// what the cache will hold) and written to new_keys / new_values [B, Lq, Hkv·d]; then attention over the
+// n_b + Lq keys (bottom-right causal) projected out, and the optional post-norm (opt.norm_eps; the other
+// options do not apply). The caller appends new_keys / new_values to its cache. Validated by the caller.
+// Allocates its own scratch.
+struct CachedRows {
+    const float* keys = nullptr;    // [Hkv, length, d]
+    const float* values = nullptr;  // [Hkv, length, d]
+    std::size_t length = 0;
+};
+void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt,
+                      const detail::ElementFormat& format, const CachedRows* past, Batch new_keys, Batch new_values);
 
 }  // namespace mha::reference

@@ -6,24 +6,14 @@
 
 namespace mha::simd {
 
-void decode_scores(float scale, ConstMatrix q, ConstMatrix k, Matrix s) noexcept {
-    dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s);
-}
-void decode_scores(float scale, ConstMatrix q, MatrixView<const bfloat16> k, Matrix s) noexcept {
-    dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s);
-}
-void decode_scores(float scale, ConstMatrix q, MatrixView<const float16> k, Matrix s) noexcept {
-    dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s);
-}
-
-void decode_accumulate(ConstMatrix p, ConstMatrix v, Matrix o) noexcept {
-    dispatch(active_isa(), decode_accumulate_kernel{}, p, v, o);
-}
-void decode_accumulate(ConstMatrix p, MatrixView<const bfloat16> v, Matrix o) noexcept {
-    dispatch(active_isa(), decode_accumulate_kernel{}, p, v, o);
-}
-void decode_accumulate(ConstMatrix p, MatrixView<const float16> v, Matrix o) noexcept {
-    dispatch(active_isa(), decode_accumulate_kernel{}, p, v, o);
-}
+#define MHA_DECODE_DEFINE_(name, E)                                                            \
+    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) noexcept { \
+        dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s);                        \
+    }                                                                                          \
+    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o) noexcept {          \
+        dispatch(active_isa(), decode_accumulate_kernel{}, p, v, o);                           \
+    }
+MHA_KV_ELEMENT_TYPES(MHA_DECODE_DEFINE_)
+#undef MHA_DECODE_DEFINE_
 
 }  // namespace mha::simd

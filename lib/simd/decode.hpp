@@ -6,6 +6,7 @@
 
 #include "dispatch.hpp"
 #include "mha/half.hpp"
+#include "../core/element_format.hpp"
 #include "mha/view.hpp"
 
 namespace mha::simd {
@@ -28,10 +29,9 @@ struct decode_accumulate_kernel {
                                                                    Matrix) const noexcept;                            \
     PREFIX template void decode_accumulate_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, MatrixView<const E>, Matrix) \
         const noexcept;
-#define MHA_DECODE_INSTANTIATE(PREFIX, ARCH)            \
-    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, float)    \
-    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, bfloat16) \
-    MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, float16)
+// Every element type of MHA_KV_ELEMENT_TYPES (lib/core/element_format.hpp).
+#define MHA_DECODE_INSTANTIATE_ELEMENT_(PREFIX, ARCH, name, E) MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)
+#define MHA_DECODE_INSTANTIATE(PREFIX, ARCH) MHA_KV_ELEMENT_TYPES_WITH(MHA_DECODE_INSTANTIATE_ELEMENT_, PREFIX, ARCH)
 
 #define MHA_DECODE_EXTERN_(isa, arch, suffix) MHA_DECODE_INSTANTIATE(extern, arch)
 MHA_SIMD_ARCHS(MHA_DECODE_EXTERN_)

@@ -11,6 +11,7 @@
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
 #include "mask_row.hpp"
+#include "../core/element_format.hpp"
 
 namespace mha::simd {
 
@@ -159,16 +160,15 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // are widened to float exactly as they are loaded, and the arithmetic and its order are those of float K / V
 // holding the widened values (bitwise the same results).
 
-// s[m, j] = scale·Σ_c q[m, c]·k[j, c]: q [M, d], k [n, d], s [M, n] (written, not read).
-void decode_scores(float scale, ConstMatrix q, ConstMatrix k, Matrix s) noexcept;
-void decode_scores(float scale, ConstMatrix q, MatrixView<const bfloat16> k, Matrix s) noexcept;
-void decode_scores(float scale, ConstMatrix q, MatrixView<const float16> k, Matrix s) noexcept;
-
-// o[m, c] += Σ_j p[m, j]·v[j, c], summed in order j = 0, 1, ..., n − 1 onto o (so splitting the rows
-// of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d]. n == 0 leaves o
-// untouched.
-void decode_accumulate(ConstMatrix p, ConstMatrix v, Matrix o) noexcept;
-void decode_accumulate(ConstMatrix p, MatrixView<const bfloat16> v, Matrix o) noexcept;
-void decode_accumulate(ConstMatrix p, MatrixView<const float16> v, Matrix o) noexcept;
+// One overload of each per element type of MHA_KV_ELEMENT_TYPES (lib/core/element_format.hpp):
+// decode_scores: s[m, j] = scale·Σ_c q[m, c]·k[j, c]: q [M, d], k [n, d], s [M, n] (written, not read).
+// decode_accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], summed in order j = 0, 1, ..., n − 1 onto o (so
+// splitting the rows of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d].
+// n == 0 leaves o untouched.
+#define MHA_DECODE_DECLARE_(name, E)                                                               \
+    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) noexcept; \
+    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o) noexcept;
+MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
+#undef MHA_DECODE_DECLARE_
 
 }  // namespace mha::simd
