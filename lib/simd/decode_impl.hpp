@@ -126,7 +126,7 @@ struct Part<arch_avx512> {
 // Vectors of W elements of T widened to float: full(p) reads p[0, W); part(p) reads only p[0, r) and gives
 // zeros in the other lanes (0 < r < W). float: plain and masked loads (Part); 16-bit types: scalar through
 // a buffer here (SSE2), conversion instructions in the specializations of the AVX2 and AVX-512 TUs.
-template <class Arch, class T>
+template <class Arch, class T, class = void>
 struct Widen {
     using B = batch<Arch>;
     std::size_t r;
@@ -152,6 +152,11 @@ struct Widen<Arch, float> {
     MHA_GEMM_INLINE B part(const float* x) const noexcept { return p.load(x); }
 };
 
+// Archs whose TU defines load_16bit and to_float (the AVX2 and AVX-512 TUs below): 16-bit elements widened
+// with conversion instructions.
+template <class Arch>
+inline constexpr bool kWidensInRegisters = false;
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
 // 8 × 16 bits: a full 128-bit load, or r elements copied into a zeroed buffer.
 inline MHA_GEMM_INLINE __m128i load_8x16(const void* p) noexcept { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
@@ -163,22 +168,12 @@ inline MHA_GEMM_INLINE __m128i load_8x16(const void* p, std::size_t r) noexcept 
 inline MHA_GEMM_INLINE __m256 bf16x8_to_float(__m128i h) noexcept {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline MHA_GEMM_INLINE __m256 to_float(bfloat16, __m128i h) noexcept { return bf16x8_to_float(h); }
+inline MHA_GEMM_INLINE __m256 to_float(float16, __m128i h) noexcept { return _mm256_cvtph_ps(h); }
+inline MHA_GEMM_INLINE __m128i load_16bit(arch_avx2, const void* p) noexcept { return load_8x16(p); }
+inline MHA_GEMM_INLINE __m128i load_16bit(arch_avx2, const void* p, std::size_t r) noexcept { return load_8x16(p, r); }
 template <>
-struct Widen<arch_avx2, bfloat16> {
-    using B = batch<arch_avx2>;
-    std::size_t r;
-    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
-    static MHA_GEMM_INLINE B full(const bfloat16* p) noexcept { return bf16x8_to_float(load_8x16(p)); }
-    MHA_GEMM_INLINE B part(const bfloat16* p) const noexcept { return bf16x8_to_float(load_8x16(p, r)); }
-};
-template <>
-struct Widen<arch_avx2, float16> {
-    using B = batch<arch_avx2>;
-    std::size_t r;
-    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
-    static MHA_GEMM_INLINE B full(const float16* p) noexcept { return _mm256_cvtph_ps(load_8x16(p)); }
-    MHA_GEMM_INLINE B part(const float16* p) const noexcept { return _mm256_cvtph_ps(load_8x16(p, r)); }
-};
+inline constexpr bool kWidensInRegisters<arch_avx2> = true;
 #endif
 
 #if defined(__AVX512F__)
@@ -186,27 +181,28 @@ struct Widen<arch_avx2, float16> {
 inline MHA_GEMM_INLINE __m512 bf16x16_to_float(__m256i h) noexcept {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline MHA_GEMM_INLINE __m512 to_float(bfloat16, __m256i h) noexcept { return bf16x16_to_float(h); }
+inline MHA_GEMM_INLINE __m512 to_float(float16, __m256i h) noexcept { return _mm512_cvtph_ps(h); }
+inline MHA_GEMM_INLINE __m256i load_16bit(arch_avx512, const void* p) noexcept {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline MHA_GEMM_INLINE __m256i load_16bit(arch_avx512, const void* p, std::size_t r) noexcept {
+    return _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << r) - 1u), p);
+}
 template <>
-struct Widen<arch_avx512, bfloat16> {
-    using B = batch<arch_avx512>;
-    __mmask16 mask;
-    explicit MHA_GEMM_INLINE Widen(std::size_t r) noexcept : mask(static_cast<__mmask16>((1u << r) - 1u)) {}
-    static MHA_GEMM_INLINE B full(const bfloat16* p) noexcept {
-        return bf16x16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    }
-    MHA_GEMM_INLINE B part(const bfloat16* p) const noexcept { return bf16x16_to_float(_mm256_maskz_loadu_epi16(mask, p)); }
-};
-template <>
-struct Widen<arch_avx512, float16> {
-    using B = batch<arch_avx512>;
-    __mmask16 mask;
-    explicit MHA_GEMM_INLINE Widen(std::size_t r) noexcept : mask(static_cast<__mmask16>((1u << r) - 1u)) {}
-    static MHA_GEMM_INLINE B full(const float16* p) noexcept {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    }
-    MHA_GEMM_INLINE B part(const float16* p) const noexcept { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p)); }
-};
+inline constexpr bool kWidensInRegisters<arch_avx512> = true;
 #endif
+
+// 16-bit elements (bf16: zero-extend and shift by 16; f16: vcvtph2ps): W lanes loaded whole, or the first r
+// (masked-off or zero-filled lanes never fault).
+template <class Arch, class T>
+struct Widen<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch>>> {
+    using B = batch<Arch>;
+    std::size_t r;
+    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
+    static MHA_GEMM_INLINE B full(const T* p) noexcept { return to_float(T{}, load_16bit(Arch{}, p)); }
+    MHA_GEMM_INLINE B part(const T* p) const noexcept { return to_float(T{}, load_16bit(Arch{}, p, r)); }
+};
 
 // Reads one byte of each cache line of the row's `bytes` bytes in address order (bytes > 0): the line comes
 // into L1 now, in row order (see the header).
