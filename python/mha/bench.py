@@ -5,7 +5,9 @@ PNG chart (matplotlib).
     python3 -m mha.bench [--reps N] [--rounds N] [--threads 1,2] [--out DIR] [--quick]
 
 Columns: torch = nn.MultiheadAttention(batch_first=True).eval() under torch.inference_mode(); mha.torch = the
-same module through mha.torch.MultiheadAttention.from_torch (torch tensors in and out); mha numpy =
+same module through mha.torch.MultiheadAttention.from_torch (torch tensors in and out); mha.torch overhead =
+mha.torch's time over the numpy API's on the same layer (ratio and microseconds per call: what the torch
+interface costs; n/a for the Llama-like row, whose numpy layer is a different one); mha numpy =
 mha.MultiheadAttention on numpy arrays with the same weights, or for the Llama-like row the real grouped-query
 layer with RoPE (torch has no grouped-query nn.MultiheadAttention, so its baseline is the full-KV layer of the
 same size); mha numpy bf16 = the numpy layer with compute='bf16' (bf16 GEMM operands, fp32 accumulation: less
@@ -105,18 +107,23 @@ def run(shapes, threads_list, reps, rounds, seconds):
             rows.append(dict(shape=name, B=B, L=L, E=E, H=H, Hkv=Hkv, causal=causal, threads=threads,
                              torch_ms=t_torch * 1e3, mha_torch_ms=t_fast * 1e3, mha_numpy_ms=t_np * 1e3,
                              mha_numpy_bf16_ms=t_16 * 1e3,
-                             speedup=t_torch / t_fast, torch_blas=blas, torch_version=torch.__version__))
+                             speedup=t_torch / t_fast,
+                             torch_over_numpy=(t_fast / t_np if Hkv == H else None),
+                             torch_overhead_us=((t_fast - t_np) * 1e6 if Hkv == H else None),
+                             torch_blas=blas, torch_version=torch.__version__))
     return rows
 
 
 def table(rows):
     lines = ["| shape | B | L | E | H / Hkv | threads | torch ms | mha.torch ms | speedup | mha numpy ms | "
-             "mha numpy bf16 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mha.torch / numpy | mha.torch − numpy µs | mha numpy bf16 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        ratio = "n/a" if r["torch_over_numpy"] is None else f"{r['torch_over_numpy']:.3f}"
+        extra = "n/a" if r["torch_overhead_us"] is None else f"{r['torch_overhead_us']:.1f}"
         lines.append(f"| {r['shape']} | {r['B']} | {r['L']} | {r['E']} | {r['H']} / {r['Hkv']} | {r['threads']} | "
                      f"{r['torch_ms']:.4g} | {r['mha_torch_ms']:.4g} | {r['speedup']:.2f}x | {r['mha_numpy_ms']:.4g} | "
-                     f"{r['mha_numpy_bf16_ms']:.4g} |")
+                     f"{ratio} | {extra} | {r['mha_numpy_bf16_ms']:.4g} |")
     return "\n".join(lines)
 
 

@@ -160,8 +160,17 @@ Mask mask_input(py::handle h, const char* name, int lo, int hi) {
     py::array a = require_ndarray(h, name);
     check_rank(a, name, lo, hi);
     const bool is_bool = a.dtype().is(py::dtype::of<bool>()) || a.dtype().is(py::dtype::of<std::uint8_t>());
-    const bool is_float = a.dtype().is(py::dtype::of<float>());
-    if (!is_bool && !is_float) type_error(std::string(name) + " must be bool, uint8 or float32, got " + dtype_name(a));
+    bool is_float = a.dtype().is(py::dtype::of<float>());
+    if (!is_bool && !is_float && (a.dtype().is(py::dtype::of<double>()) || a.dtype().is(py::dtype("float16")))) {
+        // PyTorch accepts any floating mask: converted to float32 once (counted like a layout copy).
+        a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+        if (!a) throw py::error_already_set();
+        ++g_input_copies;
+        is_float = true;
+    }
+    if (!is_bool && !is_float) {
+        type_error(std::string(name) + " must be bool, uint8 or floating (float16, float32, float64), got " + dtype_name(a));
+    }
     if (!(a.flags() & py::array::c_style)) {
         a = is_float ? py::array(py::array_t<float, py::array::c_style>::ensure(a))
                      : py::array(py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(a));
@@ -512,6 +521,8 @@ PYBIND11_MODULE(_mha, m) {
 
     m.def("input_copies", [] { return g_input_copies.load(); },
           "How many input arrays were copied because their layout could not be read in place (for tests).");
+    m.def("_count_input_copy", [] { ++g_input_copies; },
+          "Counts a copy made in Python (mha.torch converting a bfloat16 mask, which numpy cannot hold).");
     m.def("detected_isa", [] { return std::string(mha::isa_name(mha::active_isa())); });
 
     py::class_<PyLayer> layer_cls(m, "MultiheadAttention", py::dynamic_attr());

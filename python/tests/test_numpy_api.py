@@ -155,7 +155,7 @@ def sentinel(shape):
     (lambda L, x: L(x, rand(2, 4, 16)[:1]), ValueError, "batch"),
     (lambda L, x: L(x, key_padding_mask=np.zeros((2, 4), bool)), ValueError, "key_padding_mask"),
     (lambda L, x: L(x, key_padding_mask=np.zeros((2, 3), np.int64)), TypeError,
-     "key_padding_mask must be bool, uint8 or float32, got int64"),
+     "key_padding_mask must be bool, uint8 or floating (float16, float32, float64), got int64"),
     (lambda L, x: L(x, attn_mask=np.zeros((3, 4), bool)), ValueError, "attn_mask"),
     (lambda L, x: L(x, threads=-1), ValueError, "threads must be >= 0"),
     (lambda L, x: L(x, impl="fast"), ValueError, "impl must be"),

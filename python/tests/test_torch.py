@@ -218,7 +218,7 @@ def test_bad_input_raises_with_message():
     mod = mt.MultiheadAttention(16, 2, batch_first=True).eval()
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
-        with pytest.raises(TypeError, match="query must be float32"):
+        with pytest.raises(TypeError, match="query is torch.float64 but the module"):
             mod(x.double(), x.double(), x.double())
         with pytest.raises(ValueError, match="key_padding_mask"):
             mod(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
