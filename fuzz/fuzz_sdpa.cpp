@@ -414,7 +414,7 @@ struct Call {
                 if (k == 3) out.batch += 1;
                 break;
             case Corruption::zero_size:
-                if (k == 0) in.query.rows = 0, out.rows = 0;
+                if (k == 0) in.query.heads = out.heads = 0;  // B = 0 or L = 0 are valid (nothing to compute)
                 if (k == 1) in.key.dim = in.value.dim = in.query.dim = out.dim = 0;
                 if (k == 2) in.value.heads = in.key.heads = 0;
                 if (k == 3) in.key.data = nullptr;

@@ -152,19 +152,28 @@ TEST_F(ForwardValidation, NullOutput) {
     expect_rejected("output is a null pointer");
 }
 
+// Zero B, Lq and Lk are valid calls (tests/test_zero_sizes.cpp), but the other views must still agree.
 TEST_F(ForwardValidation, ZeroBatch) {
     in.query.batch = 0;
-    expect_rejected("query has zero size [0, 3, 8]");
+    expect_rejected("key batch 2 differs from query batch 0");
 }
 
 TEST_F(ForwardValidation, ZeroQueryLength) {
     in.query.rows = 0;
-    expect_rejected("query has zero size [2, 0, 8]");
+    expect_rejected("output is [2, 3, 8] but must be [B, Lq, E] = [2, 0, 8]");
 }
 
 TEST_F(ForwardValidation, ZeroKeyLength) {
     in.key.rows = 0;
-    expect_rejected("key has zero size [2, 0, 8]");
+    expect_rejected("value length 4 differs from key length 0");
+}
+
+TEST_F(ForwardValidation, ZeroFeatures) {
+    in.query.cols = 0;
+    expect_rejected("query has 0 features but embed_dim is 8");
+    in.query.cols = E;
+    in.value.cols = 0;
+    expect_rejected("value has 0 features but vdim is 8");
 }
 
 TEST_F(ForwardValidation, QueryWrongFeatureCount) {

@@ -630,7 +630,7 @@ TEST(KvCacheMore, EveryCacheCallErrorNamesTheProblemAndWritesNothing) {
         {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(mha::detail::KVCacheAccess::key_data(*s.cache) + 8, B, Lq, E); }, true},
         {"output overlaps the KV cache", [&](CallSetup& s) { s.out.output = mha::Batch(mha::detail::KVCacheAccess::value_data(*s.cache), B, Lq, E); }, true},
         {"query has 32 features but embed_dim is 64", [&](CallSetup& s) { s.in.query.cols = 32, s.in.query.row_stride = 32; }, false,
-         "query is [2, 2, 32] but must be non-empty with 64 features"},
+         "query is [2, 2, 32] but must have 64 features"},
         {"output is [2, 2, 32] but must be [B, Lq, E]", [&](CallSetup& s) { s.out.output.cols = 32; }, true},
         {"threads -1 is negative", [&](CallSetup& s) { s.opt.threads = -1; }},
         {"sequence 1 holds 15 tokens; 2 more exceed the KV cache's capacity 16", [&](CallSetup& s) { mha::detail::KVCacheAccess::set_length(*s.cache, 1, 15); }},

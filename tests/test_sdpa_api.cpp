@@ -535,15 +535,16 @@ std::vector<BadCase> bad_cases() {
         {"output is [2, 4, 4, 8]", [](Call& c) { c.output.rows = 4; }},
         {"output is [2, 4, 5, 4]", [](Call& c) { c.output.dim = 4; }},
         {"output is [1, 4, 5, 8]", [](Call& c) { c.output.batch = 1; }},
-        // zero sizes and null pointers
-        {"query has zero size", [](Call& c) { c.in.query.batch = 0; }},
-        {"query has zero size", [](Call& c) { c.in.query.heads = 0; }},
-        {"query has zero size", [](Call& c) { c.in.query.rows = 0; }},
-        {"query has zero size", [](Call& c) { c.in.query.dim = 0; }},
-        {"key has zero size", [](Call& c) { c.in.key.heads = 0; }},
-        {"key has zero size", [](Call& c) { c.in.key.rows = 0; }},
-        {"value has zero size", [](Call& c) { c.in.value.rows = 0; }},
-        {"output has zero size", [](Call& c) { c.output.rows = 0; }},
+        // zero sizes (zero B, Lq, Lk are valid: tests/test_zero_sizes.cpp; the other views must agree) and null pointers
+        {"must have query's batch 0", [](Call& c) { c.in.query.batch = 0; }},
+        {"query has zero heads or head dim [2, 0, 5, 8]", [](Call& c) { c.in.query.heads = 0; }},
+        {"output is [2, 4, 5, 8] but must be [B, H, Lq, d] = [2, 4, 0, 8]", [](Call& c) { c.in.query.rows = 0; }},
+        {"query has zero heads or head dim [2, 4, 5, 0]", [](Call& c) { c.in.query.dim = 0; }},
+        {"key has zero heads or head dim", [](Call& c) { c.in.key.heads = 0; }},
+        {"value [2, 2, 6, 8] must have key's heads and length [2, 2, 0, 8]", [](Call& c) { c.in.key.rows = 0; }},
+        {"value [2, 2, 0, 8] must have key's heads and length", [](Call& c) { c.in.value.rows = 0; }},
+        {"output is [2, 4, 0, 8]", [](Call& c) { c.output.rows = 0; }},
+        {"output has zero heads or head dim", [](Call& c) { c.output.dim = 0; }},
         {"query is a null pointer", [](Call& c) { c.in.query.data = nullptr; }},
         {"key is a null pointer", [](Call& c) { c.in.key.data = nullptr; }},
         {"value is a null pointer", [](Call& c) { c.in.value.data = nullptr; }},
@@ -637,9 +638,9 @@ TEST(SdpaApiValidation, WorkspaceBytesRefusesBadShapesAndOptions) {
             EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
         }
     };
-    expect([](Call& c) { c.in.query.rows = 0; }, "query has zero size");
-    expect([](Call& c) { c.in.key.heads = 0; }, "key has zero size");
-    expect([](Call& c) { c.in.value.dim = 0; }, "value has zero size");
+    expect([](Call& c) { c.in.query.heads = 0; }, "query has zero heads or head dim");
+    expect([](Call& c) { c.in.key.heads = 0; }, "key has zero heads or head dim");
+    expect([](Call& c) { c.in.value.dim = 0; }, "value has zero heads or head dim");
     expect([](Call& c) { c.in.key.heads = 3; }, "not a multiple of key/value heads 3");
     expect([](Call& c) { c.opt.impl = static_cast<mha::Impl>(9); }, "impl");
     expect([](Call& c) { c.opt.backend = static_cast<mha::Backend>(9); }, "backend");

@@ -169,6 +169,10 @@ struct ForwardOptions {
 // other (with the smaller stride s over n entries: s >= E and the larger stride >= (n − 1)·s + E).
 // Self-attention is key = value = query (the same views): say so with AttentionInputs::self_attention(query).
 // Legacy shorthand, still accepted: key.data == nullptr means key = query, value.data == nullptr value = key.
+// Zero sizes (as PyTorch): B = 0 or Lq = 0 is validated, then computes and writes nothing; Lk = 0 makes every
+// query row fully masked (output bo, then the post-norm). A view, mask or attn_weights with no elements may be
+// null, except key and value (null means absent, above). Feature counts are never 0. Such calls take
+// AttentionPath::scalar and need no workspace.
 // With a KV cache, key and value must be absent (the cache holds the keys; the new tokens are the query).
 struct AttentionInputs {
     ConstBatch query;            // [B, Lq, E]
@@ -243,7 +247,8 @@ public:
     // the cache, and attend over cache.length(b) + Lq keys with causal bottom-right alignment: options.causal
     // and causal_alignment do not apply, and options must not set position_offset, positions, masks or
     // need_weights (mha::invalid_argument). Past the capacity: mha::invalid_argument naming the sequence, its
-    // length and the capacity, nothing written (cache included). Lengths advance only when the call succeeds.
+    // length and the capacity, nothing written (cache included). Lengths advance only when the call succeeds;
+    // Lq = 0 appends nothing (the query's batch must still be the cache's).
     // Chunking is invisible up to float rounding: a prompt fed in one call, in chunks, or token by token gives
     // the same outputs within the bound of tests/test_kv_cache.cpp (not bitwise: the projection and
     // attention paths block the work differently for different Lq).

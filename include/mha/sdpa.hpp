@@ -14,6 +14,8 @@
 //
 // Layouts: every tensor is a HeadsView with its own batch, head and row strides (elements), so
 // [B, H, L, d] and [B, L, H, d] (and the output as [B, Lq, H·d]) work without copies.
+// Zero sizes: B = 0 or Lq = 0 computes nothing; Lk = 0 gives zero rows (every key masked); a view with no
+// elements may be null; H, Hkv and d must be > 0. Such calls take AttentionPath::scalar and need no workspace.
 #pragma once
 #include <cstddef>
 #include <optional>

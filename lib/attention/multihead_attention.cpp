@@ -1,5 +1,6 @@
 // MultiheadAttention: owns the weights, validates every forward argument at the public API (validate_call.hpp), then
-// runs the scalar reference or the SIMD backend. Nothing is written before validation passes.
+// runs the scalar reference or the SIMD backend. Nothing is written before validation passes. B = 0 or Lq = 0
+// writes nothing; Lk = 0 writes the fully masked rows (write_unattended_rows).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -186,6 +187,20 @@ const detail::LayerState& state_of(const std::unique_ptr<detail::LayerState>& st
     return *state;
 }
 
+// Lk = 0 (no cache): every query row attends to no key, a fully masked row (zero probabilities, context 0),
+// so its output is bo, then the post-norm over query + bo (the reference's layernorm_row). Written directly:
+// the reference's loops would offset null pointers of the empty key projections.
+void write_unattended_rows(const detail::LayerState& st, const detail::LayerCall& c) {
+    const float* gamma = st.norm_w.empty() ? nullptr : st.norm_w.data();
+    const float* beta = st.norm_b.empty() ? nullptr : st.norm_b.data();
+    for (std::size_t b = 0; b < c.B; ++b)
+        for (std::size_t i = 0; i < c.Lq; ++i) {
+            float* y = c.out.output[b].row(i);
+            std::copy(st.out_b.begin(), st.out_b.end(), y);
+            if (c.opt.norm_eps) reference::layernorm_row(y, y, c.in.query[b].row(i), st.E, gamma, beta, *c.opt.norm_eps);
+        }
+}
+
 }  // namespace
 
 std::size_t MultiheadAttention::workspace_bytes(const AttentionInputs& in, const ForwardOptions& opt) const {
@@ -222,6 +237,8 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
                              Workspace* workspace, KVCache* cache) const {
     const detail::LayerState& st = state_of(state_);
     const detail::LayerCall call = detail::validate_layer_call(st, in, out, opt, workspace, cache);
+    if (call.B == 0 || call.Lq == 0) return;  // validated; nothing to compute (with a cache: nothing appended)
+    if (call.Lk == 0) return write_unattended_rows(st, call);
     if (call.path != AttentionPath::scalar) return simd_multihead_attention(st, call, workspace, cache);
     const detail::LayerState::Unpacked weights = st.unpacked();  // before anything is written (may throw bad_alloc)
     reference::Layer layer = weights.layer(st);

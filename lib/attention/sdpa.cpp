@@ -1,6 +1,8 @@
 // mha::scaled_dot_product_attention: validates every argument (validate_call.hpp: shapes, strides, extents,
 // overlaps, masks, options), then runs the scalar reference (reference::attention_core) or the SIMD attention
-// core. Nothing is written before validation passes.
+// core. Nothing is written before validation passes. B = 0 or Lq = 0 writes nothing; Lk = 0 writes zero rows.
+#include <algorithm>
+
 #include "../reference/reference.hpp"
 #include "mha/sdpa.hpp"
 #include "simd_attention.hpp"
@@ -11,6 +13,15 @@ namespace {
 
 void run(const SdpaInputs& in, const Heads& out, const SdpaOptions& opt, Workspace* workspace) {
     const detail::SdpaCall call = detail::validate_sdpa_call(in, out, opt, workspace);
+    if (call.B == 0 || call.Lq == 0) return;  // validated; nothing to compute
+    if (call.Lk == 0) {  // every key masked: zero rows (the inputs' views may be null, so no reference loops)
+        for (std::size_t b = 0; b < call.B; ++b)
+            for (std::size_t h = 0; h < call.H; ++h) {
+                const Matrix o = out.head(b, h);
+                for (std::size_t i = 0; i < o.rows; ++i) std::fill(o.row(i), o.row(i) + o.cols, 0.0f);
+            }
+        return;
+    }
     if (call.path == AttentionPath::scalar)
         reference::attention_core(in, out, call.scale, opt.causal, opt.causal_alignment, nullptr);
     else

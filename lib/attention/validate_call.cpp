@@ -25,10 +25,12 @@ std::string dims(const MaskView& m) {
 void check_mask_data(const char* name, const MaskView& m) {
     if (m.type != MaskType::boolean && m.type != MaskType::additive)
         fail(std::string(name) + " has an unknown mask type " + std::to_string(static_cast<int>(m.type)));
-    if (m.type == MaskType::boolean && m.bools == nullptr) fail(std::string(name) + " is boolean with a null pointer");
-    if (m.type == MaskType::additive && m.values == nullptr) fail(std::string(name) + " is additive with a null pointer");
     // Checked before dims() prints the shape: MaskView::shape has 3 entries.
     if (m.rank != 2 && m.rank != 3) fail(std::string(name) + " has rank " + std::to_string(m.rank) + " but must be 2 or 3");
+    bool empty = false;  // a zero dimension: no elements, so the pointer may be null
+    for (int i = 0; i < m.rank; ++i) empty = empty || m.shape[i] == 0;
+    if (m.type == MaskType::boolean && m.bools == nullptr && !empty) fail(std::string(name) + " is boolean with a null pointer");
+    if (m.type == MaskType::additive && m.values == nullptr && !empty) fail(std::string(name) + " is additive with a null pointer");
 }
 
 // Elements of a validated mask (shape checked against B, H, Lq, Lk, so the product fits).
@@ -136,7 +138,7 @@ void check_forward_options(const ForwardOptions& opt) {
     check_norm_eps(opt.norm_eps);
 }
 
-// The views of a forward (fp32 or 16-bit): non-empty, valid pointers, extents that fit; output rows disjoint.
+// The views of a forward (fp32 or 16-bit): valid pointers (any when empty), extents that fit; output rows disjoint.
 template <class Inputs, class Output>
 void check_views(const Inputs& in, const Output& output) {
     check_batch("query", in.query);
@@ -152,11 +154,11 @@ void check_output_apart(const Inputs& in, const Output& output) {
         fail("output overlaps query, key or value");
 }
 
-// workspace_bytes and path read only the sizes: non-empty with the layer's features.
+// workspace_bytes and path read only the sizes: the layer's features (B and L may be 0).
 void check_sizes(const char* name, const ConstBatch& v, std::size_t features) {
-    if (v.batch == 0 || v.rows == 0 || v.cols != features)
+    if (v.cols != features)
         fail(std::string(name) + " is [" + std::to_string(v.batch) + ", " + std::to_string(v.rows) + ", " +
-             std::to_string(v.cols) + "] but must be non-empty with " + std::to_string(features) + " features");
+             std::to_string(v.cols) + "] but must have " + std::to_string(features) + " features");
 }
 
 // A forward with a cache: the cache fits the layer and the call, and the options it replaces are unset.
@@ -208,9 +210,10 @@ void check_positions(const LayerCall& c) {
     }
 }
 
-// need_weights: the attn_weights buffer, its extent and overlaps. Returns its floats (0 without need_weights).
+// need_weights: the attn_weights buffer, its extent and overlaps. Returns its floats (0 without need_weights;
+// with a zero B, Lq or Lk there are none and the pointer may be null).
 std::size_t check_attn_weights(const LayerCall& c, std::size_t H) {
-    if (c.opt.need_weights == NeedWeights::none) return 0;
+    if (c.opt.need_weights == NeedWeights::none || c.B == 0 || c.Lq == 0 || c.Lk == 0) return 0;
     float* const weights = c.out.attn_weights;
     if (weights == nullptr) fail("need_weights is set but attn_weights is a null pointer");
     const std::size_t heads = c.opt.need_weights == NeedWeights::per_head ? H : 1;
@@ -252,6 +255,8 @@ LayerCall resolved(const LayerState& st, const AttentionInputs& in, const Forwar
     c.compute = st.compute;
     c.core_path = core_path(st.H, st.Hkv, c.Lq, c.core_keys, opt.need_weights, opt.impl);
     c.path = opt.backend == Backend::scalar ? AttentionPath::scalar : public_path(c.core_path);
+    // Nothing for the SIMD core: no rows (forward returns), or no keys (forward writes the bias rows).
+    if (c.B == 0 || c.Lq == 0 || c.Lk == 0) c.path = AttentionPath::scalar;
     return c;
 }
 
@@ -265,20 +270,23 @@ std::string heads_shape(const ConstHeads& v) {
     return s;
 }
 
-// Elements from the view's first to one past its last element, checked to fit the address space.
+// Elements from the view's first to one past its last element, checked to fit the address space (0 if empty).
 std::size_t heads_extent(const char* name, const ConstHeads& v) {
+    if (v.batch == 0 || v.heads == 0 || v.rows == 0 || v.dim == 0) return 0;
     std::size_t n = checked_madd(v.rows - 1, v.row_stride, v.dim, name, "extent");
     n = checked_madd(v.heads - 1, v.head_stride, n, name, "extent");
     n = checked_madd(v.batch - 1, v.batch_stride, n, name, "extent");
     return checked_extent(name, v.data, n);
 }
 
+// B and L may be 0 (nothing to attend); heads and the head dim may not.
 void check_heads_size(const char* name, const ConstHeads& v) {
-    if (v.batch == 0 || v.heads == 0 || v.rows == 0 || v.dim == 0) fail(std::string(name) + " has zero size " + heads_shape(v));
+    if (v.heads == 0 || v.dim == 0) fail(std::string(name) + " has zero heads or head dim " + heads_shape(v));
 }
 
 void check_heads(const char* name, const ConstHeads& v) {
     check_heads_size(name, v);
+    if (v.batch == 0 || v.rows == 0) return;  // no elements: any pointer
     if (v.data == nullptr) fail(std::string(name) + " is a null pointer");
     heads_extent(name, v);
 }
@@ -286,6 +294,7 @@ void check_heads(const char* name, const ConstHeads& v) {
 // The output's rows (b, h, i) do not overlap each other: with the dimensions that have more than one entry
 // sorted by stride, each stride is at least the extent of everything below it.
 void check_output_rows_disjoint(const ConstHeads& v) {
+    if (v.batch == 0 || v.rows == 0) return;  // no rows
     struct Dim {
         std::size_t stride, count;
     } dims[3];
@@ -315,6 +324,7 @@ SdpaCall resolved(const SdpaInputs& in, const SdpaOptions& opt) {
     c.Hkv = in.key.heads, c.Lk = in.key.rows;
     c.core_path = core_path(c.H, c.Hkv, c.Lq, c.Lk, NeedWeights::none, opt.impl);
     c.path = opt.backend == Backend::scalar ? AttentionPath::scalar : public_path(c.core_path);
+    if (c.B == 0 || c.Lq == 0 || c.Lk == 0) c.path = AttentionPath::scalar;  // nothing for the SIMD core
     return c;
 }
 

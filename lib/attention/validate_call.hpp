@@ -48,6 +48,7 @@ struct LayerCall {
     std::size_t core_keys = 0;          // keys the attention core spans: Lk, or with a cache the longest after the append
     bool self_attention = false;        // key and value are the query
     DataType compute = DataType::f32;   // AttentionConfig::compute
+    // scalar also when B, Lq or Lk is 0 (no rows, or rows that attend to no key: nothing for the SIMD core)
     AttentionPath path = AttentionPath::scalar;
     CorePath core_path = CorePath::materialized;  // the SIMD core's path (path unless scalar), chosen here only
     std::size_t weight_count = 0;       // floats of out.attn_weights (forward)
@@ -70,7 +71,7 @@ void check_norm_eps(const std::optional<float>& eps);
 struct SdpaCall {
     std::size_t B = 0, H = 0, Hkv = 0, Lq = 0, Lk = 0, d = 0;
     float scale = 1.0f;  // options.scale or 1/√d (validate_sdpa_call)
-    AttentionPath path = AttentionPath::scalar;
+    AttentionPath path = AttentionPath::scalar;  // scalar also when B, Lq or Lk is 0
     CorePath core_path = CorePath::materialized;  // the SIMD core's path, chosen here only
 };
 SdpaCall describe_sdpa_call(const SdpaInputs& in, const SdpaOptions& opt);

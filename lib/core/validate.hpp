@@ -1,6 +1,7 @@
 // Argument checks shared by the public entry points. Each throws mha::invalid_argument with a
 // message that names the argument and its values. Extents are computed with overflow checks, so a
-// garbage stride or shape is refused instead of wrapping around and passing.
+// garbage stride or shape is refused instead of wrapping around and passing. A view with a zero dimension
+// spans no elements (its extent is 0, never (0 − 1)·stride) and overlaps nothing.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -53,20 +54,21 @@ void check_matrix(const char* name, const MatrixView<T>& m) {
     checked_extent(name, m.data, checked_madd(m.rows - 1, m.stride, m.cols, name, "extent (rows − 1)·stride + cols"));
 }
 
-// The elements a batch view spans: (batch − 1)·batch_stride + (rows − 1)·row_stride + cols, checked.
+// The elements a batch view spans: (batch − 1)·batch_stride + (rows − 1)·row_stride + cols, checked; 0
+// when a dimension is 0.
 template <class T>
 std::size_t batch_extent(const char* name, const BatchView<T>& b) {
+    if (b.batch == 0 || b.rows == 0 || b.cols == 0) return 0;
     const std::size_t rows = checked_madd(b.rows - 1, b.row_stride, b.cols, name, "extent (rows − 1)·row_stride + cols");
     return checked_extent(name, b.data, checked_madd(b.batch - 1, b.batch_stride, rows, name, "extent (batch − 1)·batch_stride + …"));
 }
 
-// A non-empty batch view with a valid pointer whose extent fits. Inputs may use any strides (rows may
-// overlap or repeat: a stride of 0 broadcasts); an output must have rows_disjoint too.
+// A batch view with a valid pointer whose extent fits; one with a zero dimension spans nothing and may be
+// null (the callers check the feature counts). Inputs may use any strides (rows may overlap or repeat: a
+// stride of 0 broadcasts); an output must have rows_disjoint too.
 template <class T>
 void check_batch(const char* name, const BatchView<T>& b) {
-    if (b.batch == 0 || b.rows == 0 || b.cols == 0)
-        fail(std::string(name) + " has zero size [" + std::to_string(b.batch) + ", " + std::to_string(b.rows) + ", " +
-             std::to_string(b.cols) + "]");
+    if (b.batch == 0 || b.rows == 0 || b.cols == 0) return;
     if (b.data == nullptr) fail(std::string(name) + " is a null pointer");
     batch_extent(name, b);
 }
@@ -77,6 +79,7 @@ void check_batch(const char* name, const BatchView<T>& b) {
 // next one starts. Covers [B, L, E] (batch-first), [L, B, E] (sequence-first) and padded layouts.
 template <class T>
 void check_rows_disjoint(const char* name, const BatchView<T>& b) {
+    if (b.batch == 0 || b.rows == 0 || b.cols == 0) return;  // no rows
     std::pair<std::size_t, std::size_t> dims[2];  // (stride, count)
     int n = 0;
     if (b.rows > 1) dims[n++] = {b.row_stride, b.rows};
@@ -89,23 +92,32 @@ void check_rows_disjoint(const char* name, const BatchView<T>& b) {
              std::to_string(b.batch_stride) + ", " + std::to_string(b.cols) + " columns)");
 }
 
-// Half-open byte ranges [first, last) touched by two spans of elements; true if they intersect.
+// Half-open byte ranges [first, last) touched by two spans of elements; true if they intersect (an empty
+// span intersects nothing, even inside the other).
 template <class T, class U>
 bool overlaps(const T* a, std::size_t a_elements, const U* b, std::size_t b_elements) {
+    if (a_elements == 0 || b_elements == 0) return false;
     const auto* a0 = reinterpret_cast<const char*>(a);
     const auto* b0 = reinterpret_cast<const char*>(b);
     return a0 < reinterpret_cast<const char*>(b + b_elements) && b0 < reinterpret_cast<const char*>(a + a_elements);
 }
 
+// Elements from a checked matrix view's first to one past its last element (0 if empty).
+template <class T>
+std::size_t matrix_elements(const MatrixView<T>& m) {
+    return m.rows == 0 || m.cols == 0 ? 0 : (m.rows - 1) * m.stride + m.cols;
+}
+
 // Views already checked (extents fit).
 template <class T, class U>
 bool overlaps(const MatrixView<T>& a, const MatrixView<U>& b) {
-    return overlaps(a.data, (a.rows - 1) * a.stride + a.cols, b.data, (b.rows - 1) * b.stride + b.cols);
+    return overlaps(a.data, matrix_elements(a), b.data, matrix_elements(b));
 }
 
-// Elements from a checked batch view's first to one past its last element.
+// Elements from a checked batch view's first to one past its last element (0 if empty).
 template <class T>
 std::size_t batch_elements(const BatchView<T>& v) {
+    if (v.batch == 0 || v.rows == 0 || v.cols == 0) return 0;
     return (v.batch - 1) * v.batch_stride + (v.rows - 1) * v.row_stride + v.cols;
 }
 
