@@ -13,9 +13,10 @@ layer with RoPE (torch has no grouped-query nn.MultiheadAttention, so its baseli
 same size); mha numpy bf16 = the numpy layer with compute='bf16' (bf16 GEMM operands, fp32 accumulation: less
 accurate, for reference only). Self-attention, float32 [B, L, E], need_weights=False. torch.set_num_threads(N) for torch, the
 threads option (mha_threads attribute for mha.torch) for mha.
-Timing: after two warm-up calls each, every round times a block of calls of each of the three in turn (as
-many as fit in about --seconds, at least 3, at most --reps) and takes each block's median; the reported time
-is the median of --rounds rounds, so load changes on a shared machine hit all of them alike.
+Timing: after two warm-up calls each, every round times a block of calls of each in turn (one untimed call,
+then as many as fit in about --seconds, at least 3, at most --reps), the order rotating from round to round,
+and takes each block's median; the reported time is the median of --rounds rounds, so load changes on a
+shared machine hit all of them alike.
 """
 import argparse
 import json
@@ -36,21 +37,26 @@ SHAPES = [  # name, B, L, E, H, Hkv, causal
 
 def median_times(fns, reps, rounds, seconds):
     """Median seconds per call of each function. Each round times a block of calls of each function in turn
-    (a a a, b b b, c c c, then the next round), so a change in the machine's load during the run (other
-    processes) hits them alike, while one library's idle threads (OpenMP spins after a parallel region) barely
-    touch the other's block: only its first call, which the median ignores."""
+    (a a a, b b b, c c c, then the next round, starting one function later), so a change in the machine's load
+    during the run (other processes) hits them alike. Each block starts with an untimed call: the block after a
+    slow one (torch's, seconds long at BERT shapes with a reference BLAS) would otherwise time its first calls
+    with cold caches and freshly faulted memory, a bias of several percent when a block is only a few calls
+    long. The rotation of the order spreads what remains over all of them."""
     once = []
     for fn in fns:
         fn()
         t0 = time.perf_counter()
         fn()
         once.append(time.perf_counter() - t0)
-    n = int(max(3, min(reps, seconds / max(sum(once), 1e-9))))
+    counts = [int(max(3, min(reps, seconds / max(t, 1e-9)))) for t in once]
     meds = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
+    for r in range(rounds):
+        for j in range(len(fns)):
+            i = (j + r) % len(fns)
+            fn = fns[i]
+            fn()  # untimed: warms this function's caches and memory after the previous block
             ts = []
-            for _ in range(n):
+            for _ in range(counts[i]):
                 t0 = time.perf_counter()
                 fn()
                 ts.append(time.perf_counter() - t0)

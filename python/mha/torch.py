@@ -44,6 +44,15 @@ class DTypeError(TypeError, AssertionError, RuntimeError):
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+from torch.nn.modules import module as _torch_module  # noqa: E402
+
+# nn.Module.__call__'s global hook registries (their names differ between torch versions): MultiheadAttention's
+# __call__ goes straight to forward only while all of them, and the module's own, are empty.
+_GLOBAL_HOOKS = tuple(v for k, v in vars(_torch_module).items() if k.startswith("_global_") and k.endswith("hooks")
+                      and isinstance(v, dict) and "registration" not in k)
+_NEWER_HOOKS = ("_backward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                "_forward_hooks_always_called")  # torch >= 2.0's, besides the three every version has
+
 
 def _dtype_of(module):
     """The dtype every parameter of an nn.MultiheadAttention has (float32, bfloat16 or float16), or a reason."""
@@ -161,21 +170,23 @@ def _check_grad(params, tensors, what):
 
 
 def _run(layer, dtype, q, k, v, kpm, need_weights, am, average, causal, batch_first, threads):
-    """One library forward on tensors; library errors become ShapeError / DTypeError."""
+    """One library forward on tensors; library errors become ShapeError / DTypeError. (Per-call cost matters
+    here: each step is a few hundred nanoseconds, so the common case avoids helper calls.)"""
     try:
         qa = _array(q, "query", dtype)
         ka = None if k is q else _array(k, "key", dtype)
         va = None if v is k else _array(v, "value", dtype)
-        out, w = layer.forward(qa, ka, va, _mask(kpm, "key_padding_mask"), need_weights, _mask(am, "attn_mask"),
-                               average, causal, batch_first=batch_first, threads=threads)
-    except ShapeError:
-        raise
-    except DTypeError:
+        out, w = layer.forward(qa, ka, va, None if kpm is None else _mask(kpm, "key_padding_mask"), need_weights,
+                               None if am is None else _mask(am, "attn_mask"), average, causal,
+                               batch_first=batch_first, threads=threads)
+    except (ShapeError, DTypeError):
         raise
     except ValueError as e:
         raise ShapeError(str(e)) from None
     except TypeError as e:
         raise DTypeError(str(e)) from None
+    if dtype is torch.float32:
+        return torch.from_numpy(out), (None if w is None else torch.from_numpy(w))
     return _tensor(out, dtype), _weights_tensor(w, dtype)
 
 
@@ -308,7 +319,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         resize in place too) all change the key."""
         key = [None if p is None else (id(p), p.data_ptr(), p._version) for p in params]
         d = self.__dict__
-        if d["_mha_layer"] is not None and key == d["_mha_key"]:
+        if key == d["_mha_key"]:
             return d["_mha_layer"]
         with d["_mha_lock"]:
             if d["_mha_layer"] is None or key != d["_mha_key"]:
@@ -322,19 +333,38 @@ class MultiheadAttention(nn.MultiheadAttention):
                 d["_mha_key"] = key
             return d["_mha_layer"]
 
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                 average_attn_weights=True, is_causal=False):
+        # nn.Module.__call__ without hooks is forward(*args, **kwargs) after a few checks; the same checks here,
+        # with forward's own signature, save the argument repacking (about a microsecond per call).
+        d = self.__dict__
+        if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or any(_GLOBAL_HOOKS)
+                or any(map(d.get, _NEWER_HOOKS)) or torch._C._get_tracing_state()):
+            return super().__call__(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights,
+                                    is_causal=is_causal)
+        return self.forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                            is_causal)
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         d = self.__dict__
-        params = self._params()
+        own = d["_parameters"]
+        out = d["_modules"]["out_proj"].__dict__["_parameters"]
+        params = (own.get("in_proj_weight"), own.get("q_proj_weight"), own.get("k_proj_weight"),
+                  own.get("v_proj_weight"), own.get("in_proj_bias"), out.get("weight"), out.get("bias"))
         if torch.is_grad_enabled():
             _check_grad(params, (query, key, value), "mha.torch.MultiheadAttention")
         if d["training"] and d["dropout"] > 0:
             raise RuntimeError(f"mha.torch.MultiheadAttention is inference only: the module is in training mode "
                                f"with dropout={d['dropout']}; call .eval()")
-        layer, dtype = self._layer(params)
-        causal = bool(is_causal) and attn_mask is None
+        if [None if p is None else (id(p), p.data_ptr(), p._version) for p in params] == d["_mha_key"]:
+            layer, dtype = d["_mha_layer"]
+        else:
+            layer, dtype = self._layer(params)
+        causal = attn_mask is None and bool(is_causal)
         threads = d.get("mha_threads", 0)
-        if getattr(query, "is_nested", False):
+        if query.is_nested if isinstance(query, torch.Tensor) else False:
             if not d["batch_first"]:
                 raise ShapeError("nested tensors need batch_first=True (as in torch)")
             return _nested_forward(layer, dtype, self.num_heads, query, key, value, key_padding_mask, need_weights,
