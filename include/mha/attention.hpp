@@ -34,7 +34,8 @@
 
 namespace mha {
 
-class KVCache;  // mha/kv_cache.hpp
+class KVCache;       // mha/kv_cache.hpp
+class PagedKVCache;  // mha/paged_kv_cache.hpp
 namespace detail {
 struct LayerState;  // what a MultiheadAttention owns (weights, packed weights); defined in lib/attention
 }  // namespace detail
@@ -256,6 +257,17 @@ public:
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache,
                  Workspace& workspace) const;
     std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options, const KVCache& cache) const;
+    // One serving step over a paged cache (mha/paged_kv_cache.hpp; its kv_heads and head_dim must be this
+    // layer's, the layer self-attention: kdim = vdim = E): x [T, E] holds the next q_lens[i] tokens of sequence
+    // seq_ids[i] for i < sequences, packed in that order (T = Σ q_lens); y [T, E] (not overlapping x) gets
+    // their outputs. Each token is projected (one pass over the weights for all T), rotated at its position in
+    // its sequence, its K / V written into the cache, and attends causally over its sequence's keys. Decode
+    // tokens (q = 1) and prefill chunks mix freely. Errors (mha::invalid_argument, nothing changed: no row,
+    // length or output written): an id not in the cache or given twice, q_lens[i] = 0, T != Σ q_lens, shapes,
+    // and a pool short of blocks (the message names the blocks needed and free). Lengths advance only when
+    // the step succeeds. Results are batch invariant (see mha/paged_kv_cache.hpp). threads: 0 = all cores.
+    void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
+                      const std::size_t* q_lens, std::size_t sequences, int threads = 0) const;
     // The same computations on 16-bit activations (HalfAttentionInputs above); the cache overload appends the
     // new tokens as the fp32 one does.
     void forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& options = {}) const;

@@ -6,6 +6,7 @@
 #include "mha/isa.hpp"
 #include "mha/kernels.hpp"
 #include "mha/kv_cache.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"

@@ -46,7 +46,7 @@ SlotLayout place_slots(Carver& call, const Carver& slot, int threads) {
 
 bool few_tokens(const LayerCall& call) noexcept { return call.self_attention && call.B * call.Lq <= kFewTokens; }
 
-ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call) {
+ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call, CoreCarving core_regions, void* context) {
     ScratchLayout l;
     Carver c, slot;
     const AttentionInputs& in = call.in;
@@ -72,7 +72,10 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
         l.widened_keys = c.take(floats);
         l.widened_values = c.take(floats);
     }
-    l.core = core_layout(shape, path, call.opt.need_weights, c, slot);
+    if (core_regions != nullptr)
+        core_regions(context, c, slot);
+    else
+        l.core = core_layout(shape, path, call.opt.need_weights, c, slot);
     l.rope_table = slot.take(st.rope ? scratch_mul(kRowBlock, st.rope->dims) : 0);
     if (st.compute == DataType::bf16) {
         const std::size_t k = std::max({st.E, st.kdim, st.vdim, qw});
@@ -83,12 +86,13 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
 }
 
 LayerForward::LayerForward(const detail::LayerState& st, const LayerCall& call, const ScratchLayout& layout, float* scratch,
-                           KVCache* cache)
+                           KVCache* cache, const std::size_t* row_positions)
     : st_(st), call_(call), in_(call.in), out_(call.out), opt_(call.opt), layout_(layout), B_(call.B), Lq_(call.Lq), Lk_(call.Lk),
       self_attention_(call.self_attention),
       query_shift_(cache == nullptr && opt_.causal_alignment == CausalAlignment::bottom_right ? Lk_ - Lq_ : 0),
       scratch_(scratch), cache_(cache), few_tokens_(few_tokens(call)),
-      operands_(gemm_operands(st.compute, st.has_bf16_weights() && simd::bf16_kernels_available())) {
+      operands_(gemm_operands(st.compute, st.has_bf16_weights() && simd::bf16_kernels_available())),
+      row_positions_(row_positions) {
     if (cache != nullptr) cache_keys_ = KVCacheAccess::keys(*cache), cache_values_ = KVCacheAccess::values(*cache);
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
     if (self_attention_) {
@@ -140,6 +144,16 @@ void LayerForward::rotate(Matrix x, std::size_t heads, std::size_t p0, float* ta
     for (std::size_t h = 0; h < heads; ++h) rope_rows(x.columns(h * d, d), r, st_.rope->style, cos_t, sin_t);
 }
 
+void LayerForward::rotate_query_rows(Matrix x, std::size_t heads, std::size_t b, std::size_t r0, float* table) const {
+    if (row_positions_ == nullptr) return rotate(x, heads, start_position(b) + r0, table);
+    for (std::size_t i = 0; i < x.rows;) {
+        std::size_t n = 1;
+        while (i + n < x.rows && row_positions_[r0 + i + n] == row_positions_[r0 + i] + n) ++n;
+        rotate(x.row_block(i, n), heads, row_positions_[r0 + i], table);
+        i += n;
+    }
+}
+
 void LayerForward::project_few_tokens() const {
     const std::size_t qw = st_.q_width(), kvw = st_.kv_width(), w = qw + 2 * kvw, E = st_.E, n = B_ * Lq_;
     ConstMatrix x(in_.query.data, n, E, E);  // [B·Lq, E]: the query itself when contiguous, else gathered
@@ -168,7 +182,7 @@ void LayerForward::project_few_tokens() const {
             float* tab = thread_slot(scratch_ + layout_.slots, layout_.slot_floats, layout_.threads) + layout_.rope_table;
             const Matrix rows = qkv.row_block(b * Lq_, Lq_);
             // The Q heads and then the K heads: H + Hkv consecutive d-wide heads at the same positions.
-            rotate(rows.columns(0, qw + kvw), st_.H + st_.Hkv, start_position(b), tab);  // Lq <= kFewTokens = kRowBlock
+            rotate_query_rows(rows.columns(0, qw + kvw), st_.H + st_.Hkv, b, 0, tab);  // Lq <= kFewTokens = kRowBlock
             round_projection(rows);
         }
     });
@@ -223,7 +237,7 @@ void LayerForward::project_inputs() const {
                     linear(x, kV, 0, kvw, st_.bias(2), qkv.columns(qw + kvw, kvw));
                 }
                 // Q and K heads are H + Hkv consecutive d-wide heads at the same positions (Lq == Lk): one table.
-                if (rope) rotate(qkv.columns(0, qw + kvw), H + Hkv, start_position(b) + r0, table());
+                if (rope) rotate_query_rows(qkv.columns(0, qw + kvw), H + Hkv, b, r0, table());
                 round_projection(qkv);
             }
         });

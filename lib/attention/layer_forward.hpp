@@ -44,18 +44,34 @@ SlotLayout place_slots(Carver& call, const Carver& slot, int threads);
 inline constexpr std::size_t kFewTokens = 64;
 bool few_tokens(const LayerCall& call) noexcept;
 // The scratch of a validated call (its shapes, self-attention, cache, and core path).
-ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call);
+// core_regions: null for the call's own core (call.core_path); else it carves another core's regions and
+// per-thread regions (a paged step's core, paged_core.hpp) where the core's would go.
+using CoreCarving = void (*)(void* context, Carver& call, Carver& slot);
+ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call, CoreCarving core_regions = nullptr,
+                             void* context = nullptr);
 
 class LayerForward {
 public:
     // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, call); cache: call's, mutable.
-    LayerForward(const detail::LayerState& st, const LayerCall& call, const ScratchLayout& layout, float* scratch, KVCache* cache);
+    // row_positions (self-attention, B = 1, no cache): the rotary position of each query row (a paged step's
+    // tokens, each at its own sequence's position) instead of start_position(0) + i.
+    LayerForward(const detail::LayerState& st, const LayerCall& call, const ScratchLayout& layout, float* scratch, KVCache* cache,
+                 const std::size_t* row_positions = nullptr);
     // The whole forward. Call inside the arena.
     void run() const;
 
-private:
+    // The steps a paged step (step_forward.cpp) runs around its own core:
     // Q, K, V = projections of the inputs (bias fused, then RoPE on the block's rows), parallel over row blocks.
     void project_inputs() const;
+    // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
+    void project_output() const;
+    // The projections [B, Lq, H·d | Hkv·d] and the context [B, Lq, H·d] (the core's input and output).
+    const Batch& queries() const noexcept { return Q_; }
+    const Batch& keys() const noexcept { return K_; }
+    const Batch& values() const noexcept { return V_; }
+    const Batch& context() const noexcept { return C_; }
+
+private:
     // The few-token path of project_inputs: columns of the packed weights split across tasks.
     void project_few_tokens() const;
     // Appends the new tokens' K and V rows to the cache (after RoPE), rounded to its element type.
@@ -63,8 +79,6 @@ private:
     // With layout_.widen_cache: each sequence's first key_lengths[b] cached K and V rows as fp32 in scratch
     // ([B, Hkv, cache_keys, d] each).
     void widen_cache(const std::size_t* key_lengths) const;
-    // output = C·Woᵀ + bo, then the optional post-norm, parallel over row blocks (few tokens: over columns).
-    void project_output() const;
     // y = x·Wᵀ + bias over columns [c0, c0 + nc) of weight `w` (kQ, kK, kV: a projection, kQkv: all three,
     // kOut: the output projection); at most kRowBlock rows. bf16 compute: on the bf16 kernels, or x rounded
     // into the slot and the fp32 GEMM on the rounded weights.
@@ -76,6 +90,9 @@ private:
     void round_projection(Matrix x) const noexcept;
     // RoPE on the rows of `x` (columns: heads × d) at positions p0, p0 + 1, ...
     void rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const;
+    // rotate() for query rows [r0, r0 + x.rows) of batch b of a self-attention call: at start_position(b) + r0 + i,
+    // or at row_positions_ (runs of consecutive positions rotated together).
+    void rotate_query_rows(Matrix x, std::size_t heads, std::size_t b, std::size_t r0, float* table) const;
     std::size_t start_position(std::size_t b) const noexcept {
         if (cache_ != nullptr) return cache_->lengths()[b];
         return opt_.positions != nullptr ? opt_.positions[b] : opt_.position_offset;
@@ -100,6 +117,7 @@ private:
     bool few_tokens_;
     GemmOperands operands_;  // of the projections (bf16 kernels: the weights' bf16 panels, and the CPU allows them)
     KVRows cache_keys_, cache_values_;  // with a cache: where its rows live (kv_rows.hpp)
+    const std::size_t* row_positions_;
 };
 
 }  // namespace mha::detail

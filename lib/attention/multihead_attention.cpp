@@ -14,7 +14,10 @@
 #include "../simd/round_bf16.hpp"
 #include "mha/attention.hpp"
 #include "mha/kv_cache.hpp"
+#include "mha/paged_kv_cache.hpp"
+#include "paged_kv_cache_access.hpp"
 #include "rope.hpp"
+#include "simd_attention.hpp"
 #include "state.hpp"
 #include "validate_call.hpp"
 
@@ -265,6 +268,29 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
                                 k, v);
     for (std::size_t b = 0; b < B; ++b)
         cache->append(b, ConstHeads(k[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d));
+}
+
+void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
+                                      const std::size_t* q_lens, std::size_t sequences, int threads) const {
+    const detail::LayerState& st = state_of(state_);
+    if (st.kdim != st.E || st.vdim != st.E)
+        fail("forward_step needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
+             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
+    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
+        fail("the paged cache holds " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
+             " but this layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
+    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+    const detail::StepReservation r = detail::PagedKVCacheAccess::plan_step(cache, seq_ids, q_lens, sequences);
+    const std::size_t T = r.query_starts[sequences];
+    if (x.rows != T || x.cols != st.E)
+        fail("x is " + detail::shape_str(x.rows, x.cols) + " but must be [T, E] = " + detail::shape_str(T, st.E) + " (T = sum of q_lens)");
+    if (y.rows != T || y.cols != st.E)
+        fail("y is " + detail::shape_str(y.rows, y.cols) + " but must be [T, E] = " + detail::shape_str(T, st.E));
+    detail::check_matrix("x", x);
+    detail::check_matrix("y", y);
+    if (detail::overlaps(x, y)) fail("y overlaps x");
+    if (y.stride < y.cols) fail("y rows overlap each other");
+    simd_forward_step(st, x, y, cache, r, threads);
 }
 
 std::string_view attention_path_name(AttentionPath path) noexcept {

@@ -15,7 +15,9 @@
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
 #include "layer_forward.hpp"
+#include "paged_core.hpp"
 #include "simd_attention.hpp"
+#include "step_forward.hpp"
 #include "state.hpp"
 
 namespace mha {
@@ -108,6 +110,34 @@ void simd_sdpa(const SdpaInputs& in, const Heads& out, const detail::SdpaCall& c
         const detail::AttentionCore core(p, call.core_path, layout.core, scratch, scratch + layout.slots, layout.slot_floats,
                                          layout.threads);
         core.run();
+    });
+}
+
+void simd_forward_step(const detail::LayerState& st, const ConstMatrix& x, const Matrix& y, PagedKVCache& cache,
+                       const detail::StepReservation& r, int threads) {
+    const detail::StepLayout layout = detail::step_layout(st, x, y, r, threads);
+    detail::PagedKVCacheAccess::prepare_step(cache, r);  // invisible until the commit
+    const detail::KVRows keys = detail::PagedKVCacheAccess::keys(cache, r), values = detail::PagedKVCacheAccess::values(cache, r);
+    run_with_scratch(layout.scratch.bytes(), nullptr, layout.scratch.threads,
+                     [&](float* scratch) { detail::run_step(st, layout, scratch, keys, values, r); });
+    detail::PagedKVCacheAccess::commit_step(cache, r);
+}
+
+void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
+                          std::size_t H, float scale, int threads) {
+    detail::Carver call, slot;
+    const detail::PagedCoreLayout core = detail::paged_core_layout(seqs.count, seqs.key_lengths, seqs.query_starts, seqs.table_stride,
+                                                                   H, pool.kv_heads, pool.head_dim, DataType::f32, call, slot);
+    const detail::SlotLayout slots = detail::place_slots(call, slot, threads);
+    detail::PagedCoreProblem p;
+    p.q = q, p.out = out;
+    p.keys = detail::pool_rows(pool, false, seqs.block_tables, seqs.table_stride);
+    p.values = detail::pool_rows(pool, true, seqs.block_tables, seqs.table_stride);
+    p.sequences = seqs.count, p.H = H, p.Hkv = pool.kv_heads, p.d = pool.head_dim;
+    p.key_lengths = seqs.key_lengths, p.query_starts = seqs.query_starts;
+    p.scale = scale;
+    run_with_scratch(slots.bytes(), nullptr, slots.threads, [&](float* scratch) {
+        detail::run_paged_core(p, core, scratch, scratch + slots.slots, slots.slot_floats, slots.threads);
     });
 }
 

@@ -1,0 +1,295 @@
+// PagedKVCache (mha/paged_kv_cache.hpp): the pool, the block tables and reference counts, the sequence
+// operations; the step reservation (paged_kv_cache_access.hpp); the level-2 write paged_write_kv.
+#include "mha/paged_kv_cache.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "../core/scratch.hpp"
+#include "../core/validate.hpp"
+#include "attention_core.hpp"
+#include "paged_kv_cache_access.hpp"
+
+namespace mha {
+
+using detail::fail;
+
+namespace {
+
+std::string str(std::size_t n) { return std::to_string(n); }
+
+bool valid_block_size(std::size_t bs) { return bs == 16 || bs == 32 || bs == 64 || bs == 128 || bs == 256; }
+
+std::size_t blocks_for(std::size_t tokens, std::size_t bs) { return (tokens + bs - 1) / bs; }
+
+}  // namespace
+
+namespace detail {
+
+KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tables, std::size_t table_stride) noexcept {
+    KVRows r;
+    r.base = values ? pool.values : pool.keys;
+    r.format = &element_format(pool.element);
+    r.dim = pool.head_dim;
+    r.row_stride = pool.head_dim;
+    r.head_stride = pool.block_size * pool.head_dim;
+    r.batch_stride = pool.kv_heads * r.head_stride;
+    r.block_table = tables;
+    r.table_stride = table_stride;
+    r.block_rows = pool.block_size;
+    return r;
+}
+
+StepReservation PagedKVCacheAccess::plan_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens,
+                                               std::size_t n) {
+    if (n == 0) fail("a step needs at least one sequence");
+    if (ids == nullptr || q_lens == nullptr) fail("seq_ids and q_lens must not be null");
+    const std::size_t bs = c.pool_.block_size;
+    StepReservation r;
+    r.sequences = n;
+    r.ids.assign(ids, ids + n);
+    r.query_starts.assign(n + 1, 0);
+    r.key_lengths.assign(n, 0);
+    std::vector<std::size_t> sorted(ids, ids + n);
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 0; i + 1 < n; ++i)
+        if (sorted[i] == sorted[i + 1]) fail("sequence " + str(sorted[i]) + " appears twice in one step");
+    std::size_t needed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        c.check_sequence(ids[i]);
+        if (q_lens[i] == 0) fail("q_lens[" + str(i) + "] is 0: every sequence of a step has at least one new token");
+        const PagedKVCache::Sequence& s = c.seqs_[ids[i]];
+        const std::size_t len = s.length;
+        if (q_lens[i] > SIZE_MAX / 2 - len) fail("q_lens[" + str(i) + "] is too large");
+        r.key_lengths[i] = len + q_lens[i];
+        r.query_starts[i + 1] = r.query_starts[i] + q_lens[i];
+        if (r.query_starts[i + 1] < r.query_starts[i]) fail("the step's token count overflows");
+        const bool cow = len % bs != 0 && c.refs_[s.blocks.back()] > 1;
+        needed += blocks_for(r.key_lengths[i], bs) - blocks_for(len, bs) + (cow ? 1 : 0);
+        r.table_stride = std::max(r.table_stride, blocks_for(r.key_lengths[i], bs));
+    }
+    if (needed > c.free_.size())
+        fail("the paged KV cache has " + str(c.free_.size()) + " free blocks but this step needs " + str(needed) + " (" +
+             str(c.pool_.num_blocks) + " blocks of " + str(bs) + " tokens in all)");
+    r.tables.assign(detail::scratch_mul(n, r.table_stride), 0);
+    std::size_t next = c.free_.size();  // blocks are taken from the top of the stack down
+    for (std::size_t i = 0; i < n; ++i) {
+        const PagedKVCache::Sequence& s = c.seqs_[ids[i]];
+        std::uint32_t* t = r.tables.data() + i * r.table_stride;
+        std::copy(s.blocks.begin(), s.blocks.end(), t);
+        if (s.length % bs != 0 && c.refs_[s.blocks.back()] > 1) {
+            const std::uint32_t copy = c.free_[--next];
+            r.copies.emplace_back(s.blocks.back(), copy);
+            t[s.blocks.size() - 1] = copy;
+        }
+        for (std::size_t b = s.blocks.size(); b < blocks_for(r.key_lengths[i], bs); ++b) t[b] = c.free_[--next];
+    }
+    r.blocks_taken = c.free_.size() - next;
+    return r;
+}
+
+void PagedKVCacheAccess::prepare_step(PagedKVCache& c, const StepReservation& r) {
+    for (std::size_t i = 0; i < r.sequences; ++i)  // the tables' growth allocated now (a throw changes nothing)
+        c.seqs_[r.ids[i]].blocks.reserve(blocks_for(r.key_lengths[i], c.pool_.block_size));
+    const std::size_t block_bytes = c.pool_.kv_heads * c.pool_.block_size * c.pool_.head_dim * element_format(c.pool_.element).bytes;
+    for (const auto& [from, to] : r.copies) {
+        auto* k = static_cast<unsigned char*>(c.pool_.keys);
+        auto* v = static_cast<unsigned char*>(c.pool_.values);
+        std::memcpy(k + to * block_bytes, k + from * block_bytes, block_bytes);
+        std::memcpy(v + to * block_bytes, v + from * block_bytes, block_bytes);
+    }
+}
+
+void PagedKVCacheAccess::commit_step(PagedKVCache& c, const StepReservation& r) noexcept {
+    const std::size_t bs = c.pool_.block_size;
+    for (std::size_t b = 0; b < r.blocks_taken; ++b) {
+        c.refs_[c.free_.back()] = 1;
+        c.free_.pop_back();
+    }
+    for (const auto& copy : r.copies) c.release(copy.first);
+    for (std::size_t i = 0; i < r.sequences; ++i) {
+        PagedKVCache::Sequence& s = c.seqs_[r.ids[i]];
+        const std::uint32_t* t = r.tables.data() + i * r.table_stride;
+        // Within the capacity prepare_step reserved: no allocation.
+        s.blocks.assign(t, t + blocks_for(r.key_lengths[i], bs));
+        s.length = r.key_lengths[i];
+    }
+}
+
+}  // namespace detail
+
+PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::size_t kv_heads, std::size_t head_dim,
+                           DataType element) {
+    if (!detail::is_element_type(element))
+        fail("PagedKVCache element type " + str(static_cast<int>(element)) + " is not f32, bf16 or f16");
+    if (num_blocks == 0 || kv_heads == 0 || head_dim == 0)
+        fail("PagedKVCache dimensions must be non-zero: num_blocks " + str(num_blocks) + ", kv_heads " + str(kv_heads) +
+             ", head_dim " + str(head_dim));
+    if (!valid_block_size(block_size)) fail("block_size " + str(block_size) + " is not 16, 32, 64, 128 or 256");
+    if (num_blocks > UINT32_MAX) fail("num_blocks " + str(num_blocks) + " exceeds 2^32 - 1");
+    std::size_t n = detail::checked_madd(num_blocks, kv_heads, 0, "PagedKVCache", "size");
+    n = detail::checked_madd(n, block_size, 0, "PagedKVCache", "size");
+    n = detail::checked_madd(n, head_dim, 0, "PagedKVCache", "size");
+    detail::checked_extent("PagedKVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "PagedKVCache", "size"));
+    const std::size_t size = detail::element_format(element).bytes, total = 2 * n * size;
+    refs_.assign(num_blocks, 0);
+    free_.resize(num_blocks);
+    for (std::size_t b = 0; b < num_blocks; ++b) free_[b] = static_cast<std::uint32_t>(num_blocks - 1 - b);  // 0 first
+    auto* block = static_cast<unsigned char*>(detail::allocate_aligned(total));
+#ifdef MADV_HUGEPAGE
+    madvise(block, total, MADV_HUGEPAGE);  // as KVCache: a hint, harmless when refused
+#endif
+    bytes_ = total;
+    pool_ = {block, block + n * size, element, num_blocks, block_size, kv_heads, head_dim};
+}
+
+PagedKVCache::~PagedKVCache() {
+    if (pool_.keys != nullptr) detail::free_aligned(pool_.keys, bytes_);
+}
+
+PagedKVCache::PagedKVCache(PagedKVCache&& o) noexcept
+    : pool_(o.pool_), bytes_(o.bytes_), seqs_(std::move(o.seqs_)), refs_(std::move(o.refs_)), free_(std::move(o.free_)) {
+    o.pool_ = {};
+    o.bytes_ = 0;
+}
+
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&& o) noexcept {
+    if (this != &o) {
+        PagedKVCache tmp(std::move(o));
+        std::swap(pool_, tmp.pool_);
+        std::swap(bytes_, tmp.bytes_);
+        std::swap(seqs_, tmp.seqs_);
+        std::swap(refs_, tmp.refs_);
+        std::swap(free_, tmp.free_);
+    }
+    return *this;
+}
+
+void PagedKVCache::check_sequence(std::size_t s) const {
+    if (s >= seqs_.size() || !seqs_[s].live) fail("sequence " + str(s) + " is not in this paged KV cache");
+}
+
+void PagedKVCache::release(std::uint32_t block) noexcept {
+    if (--refs_[block] == 0) free_.push_back(block);
+}
+
+std::size_t PagedKVCache::add_sequence() {
+    for (std::size_t s = 0; s < seqs_.size(); ++s)
+        if (!seqs_[s].live) {
+            seqs_[s] = Sequence{{}, 0, true};
+            return s;
+        }
+    seqs_.push_back(Sequence{{}, 0, true});
+    return seqs_.size() - 1;
+}
+
+std::size_t PagedKVCache::fork(std::size_t s) {
+    check_sequence(s);
+    std::vector<std::uint32_t> blocks = seqs_[s].blocks;  // may throw: before anything changes
+    const std::size_t length = seqs_[s].length;
+    const std::size_t t = add_sequence();
+    seqs_[t].blocks = std::move(blocks);
+    seqs_[t].length = length;
+    for (std::uint32_t b : seqs_[t].blocks) ++refs_[b];
+    return t;
+}
+
+std::size_t PagedKVCache::length(std::size_t s) const {
+    check_sequence(s);
+    return seqs_[s].length;
+}
+
+const std::vector<std::uint32_t>& PagedKVCache::block_table(std::size_t s) const {
+    check_sequence(s);
+    return seqs_[s].blocks;
+}
+
+void PagedKVCache::truncate(std::size_t s, std::size_t n) {
+    check_sequence(s);
+    Sequence& q = seqs_[s];
+    if (n > q.length)
+        fail("cannot truncate sequence " + str(s) + " to " + str(n) + " tokens: it holds " + str(q.length));
+    const std::size_t keep = blocks_for(n, pool_.block_size);
+    for (std::size_t b = keep; b < q.blocks.size(); ++b) release(q.blocks[b]);
+    q.blocks.resize(keep);
+    q.length = n;
+}
+
+void PagedKVCache::free_sequence(std::size_t s) {
+    truncate(s, 0);
+    seqs_[s].live = false;
+    seqs_[s].blocks.shrink_to_fit();
+}
+
+void PagedKVCache::append(std::size_t s, const ConstHeads& k, const ConstHeads& v) {
+    check_sequence(s);
+    for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {
+        if (x->data == nullptr && x->rows != 0) fail(std::string(name) + " is a null pointer");
+        if (x->batch != 1 || x->heads != pool_.kv_heads || x->dim != pool_.head_dim)
+            fail(std::string(name) + " is [" + str(x->batch) + ", " + str(x->heads) + ", " + str(x->rows) + ", " + str(x->dim) +
+                 "] but must be [1, Hkv, n, d] with Hkv = " + str(pool_.kv_heads) + " and d = " + str(pool_.head_dim));
+    }
+    if (v.rows != k.rows) fail("v has " + str(v.rows) + " tokens but k has " + str(k.rows));
+    const std::size_t n = k.rows;
+    if (n == 0) return;
+    const detail::StepReservation r = detail::PagedKVCacheAccess::plan_step(*this, &s, &n, 1);
+    detail::PagedKVCacheAccess::prepare_step(*this, r);
+    const detail::KVRows keys = detail::PagedKVCacheAccess::keys(*this, r), values = detail::PagedKVCacheAccess::values(*this, r);
+    const std::size_t len = seqs_[s].length;
+    for (std::size_t h = 0; h < pool_.kv_heads; ++h)
+        for (std::size_t i = 0; i < n; ++i) {
+            keys.write_row(0, h, len + i, k.head(0, h).row(i));
+            values.write_row(0, h, len + i, v.head(0, h).row(i));
+        }
+    detail::PagedKVCacheAccess::commit_step(*this, r);
+}
+
+void PagedKVCache::copy_rows(bool values, std::size_t s, std::size_t h, Matrix dst) const {
+    const char* what = values ? "copy_values" : "copy_keys";
+    check_sequence(s);
+    const std::size_t len = seqs_[s].length;
+    if (h >= pool_.kv_heads) fail("KV head " + str(h) + " is out of range: the cache has " + str(pool_.kv_heads));
+    if (dst.rows != len || dst.cols != pool_.head_dim || dst.stride < dst.cols || (dst.data == nullptr && dst.rows != 0))
+        fail(std::string(what) + ": dst is " + detail::shape_str(dst.rows, dst.cols) + " with stride " + str(dst.stride) +
+             " but must be [length(s), d] = " + detail::shape_str(len, pool_.head_dim) + " with stride >= d");
+    detail::pool_rows(pool_, values, seqs_[s].blocks.data(), 0).widen(0, h, 0, len, dst);
+}
+
+void PagedKVCache::copy_keys(std::size_t s, std::size_t h, Matrix dst) const { copy_rows(false, s, h, dst); }
+void PagedKVCache::copy_values(std::size_t s, std::size_t h, Matrix dst) const { copy_rows(true, s, h, dst); }
+
+void paged_write_kv(const PagedKVPool& pool, const ConstMatrix& k, const ConstMatrix& v, const std::int64_t* slots) {
+    if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
+    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16 or f16");
+    const std::size_t w = pool.kv_heads * pool.head_dim, T = k.rows, capacity = pool.num_blocks * pool.block_size;
+    if (pool.block_size == 0 || w == 0) fail("the pool's block_size, kv_heads and head_dim must be non-zero");
+    for (const auto& [name, x] : {std::pair<const char*, const ConstMatrix*>{"k", &k}, {"v", &v}}) {
+        if (x->rows != T || x->cols != w || x->stride < w || (x->data == nullptr && T != 0))
+            fail(std::string(name) + " is " + detail::shape_str(x->rows, x->cols) + " with stride " + str(x->stride) +
+                 " but must be [T, kv_heads·head_dim] = " + detail::shape_str(T, w) + " with stride >= " + str(w));
+    }
+    if (T == 0) return;
+    if (slots == nullptr) fail("slots is a null pointer");
+    std::vector<std::int64_t> sorted(slots, slots + T);
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.front() < 0 || static_cast<std::size_t>(sorted.back()) >= capacity)
+        fail("slot " + std::to_string(sorted.front() < 0 ? sorted.front() : sorted.back()) + " is outside the pool's " +
+             str(capacity) + " rows");
+    for (std::size_t t = 0; t + 1 < T; ++t)
+        if (sorted[t] == sorted[t + 1]) fail("slot " + std::to_string(sorted[t]) + " is written twice");
+    const detail::KVRows keys = detail::pool_rows(pool, false, nullptr, 0), values = detail::pool_rows(pool, true, nullptr, 0);
+    for (std::size_t t = 0; t < T; ++t) {
+        const std::size_t block = static_cast<std::size_t>(slots[t]) / pool.block_size, row = static_cast<std::size_t>(slots[t]) % pool.block_size;
+        for (std::size_t h = 0; h < pool.kv_heads; ++h) {
+            // Unblocked rows with batch_stride of a block: row `row` of block `block`.
+            keys.write_row(block, h, row, k.row(t) + h * pool.head_dim);
+            values.write_row(block, h, row, v.row(t) + h * pool.head_dim);
+        }
+    }
+}
+
+}  // namespace mha

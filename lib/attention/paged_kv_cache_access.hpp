@@ -1,0 +1,45 @@
+// The library's side of mha::PagedKVCache: a pool as KVRows (blocked: kv_rows.hpp), and a step's block
+// reservation, planned without changing the cache, then committed once the step succeeded:
+//   plan_step: for each sequence of the step its new length, the blocks it needs (new blocks for rows past
+//     its last block; a copy of its last block when that block is shared with a fork and the step writes into
+//     it), its dense block table; mha::invalid_argument naming blocks needed and free when the pool lacks them;
+//   prepare_step: grows the tables' capacity, copies the shared blocks' rows into their private copies (free
+//     blocks: nothing visible);
+//   commit_step: the tables, lengths, reference counts and free list.
+// Writes of the new rows go to blocks the step owns alone (new, copied, or an unshared last block past the
+// sequence's length), so a failure before the commit leaves the cache as it was.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mha/paged_kv_cache.hpp"
+#include "kv_rows.hpp"
+
+namespace mha::detail {
+
+// A pool's K or V rows; block_table / table_stride set per use.
+KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tables, std::size_t table_stride) noexcept;
+
+struct StepReservation {
+    std::size_t sequences = 0, table_stride = 0;
+    std::vector<std::size_t> ids, query_starts, key_lengths;  // [n], [n + 1], [n]
+    std::vector<std::uint32_t> tables;                         // [n, table_stride]
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> copies;  // (shared block, its private copy)
+    std::size_t blocks_taken = 0;                               // from the top of the free stack
+};
+
+struct PagedKVCacheAccess {
+    // Validates ids (live, distinct) and q_lens (>= 1), then reserves. Changes nothing.
+    static StepReservation plan_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens, std::size_t n);
+    static void prepare_step(PagedKVCache& c, const StepReservation& r);  // std::bad_alloc: nothing changed
+    static void commit_step(PagedKVCache& c, const StepReservation& r) noexcept;
+    static KVRows keys(const PagedKVCache& c, const StepReservation& r) noexcept {
+        return pool_rows(c.pool_, false, r.tables.data(), r.table_stride);
+    }
+    static KVRows values(const PagedKVCache& c, const StepReservation& r) noexcept {
+        return pool_rows(c.pool_, true, r.tables.data(), r.table_stride);
+    }
+};
+
+}  // namespace mha::detail
