@@ -3,6 +3,9 @@
     mha.MultiheadAttention(embed_dim, num_heads, ...)   a layer; forward(query, key, value, ...) -> (out, weights)
     mha.scaled_dot_product_attention(q, k, v, ...)      PyTorch's F.scaled_dot_product_attention (eval, no dropout)
     mha.KVCache(batch, kv_heads, head_dim, capacity, dtype='f32'|'bf16'|'f16')    incremental decoding: layer(x, cache=cache)
+    mha.PagedKVCache(num_blocks, block_size, kv_heads, head_dim, dtype='f32')   serving: blocks shared by many
+        sequences; s = cache.add_sequence(); y, _ = layer(x, cache=cache, seq_ids=[s, ...], q_lens=[...]) with
+        x [sum(q_lens), E]: prefill chunks and decode tokens of many sequences in one call
     mha.torch                                           torch.nn.MultiheadAttention drop-in (needs torch)
 
 Arrays are float32 and read in place when their last axis is contiguous (any other strides, e.g. the
@@ -13,7 +16,7 @@ library computes. Inference only (no dropout, no gradients).
 import numpy as _np
 
 from . import _mha
-from ._mha import KVCache, detected_isa, input_copies
+from ._mha import KVCache, PagedKVCache, detected_isa, input_copies
 
 def __getattr__(name):
     # mha.torch and mha.bench import torch: loaded on first use, so `import mha` stays light.
@@ -23,7 +26,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
-__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "detected_isa", "input_copies"]
+__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "PagedKVCache", "detected_isa", "input_copies"]
 
 
 class MultiheadAttention(_mha.MultiheadAttention):

@@ -245,6 +245,55 @@ private:
     PyKVCache& c_;
 };
 
+// ---- PagedKVCache ----------------------------------------------------------------------------------------
+struct PyPagedKVCache {
+    mha::PagedKVCache cache;
+    std::atomic<bool> busy{false};
+
+    PyPagedKVCache(std::size_t n, std::size_t bs, std::size_t h, std::size_t d, mha::DataType type) : cache(n, bs, h, d, type) {}
+};
+
+class PagedUse {
+public:
+    explicit PagedUse(PyPagedKVCache& c) : c_(c) {
+        if (c_.busy.exchange(true)) value_error("the PagedKVCache is in use by another call (one call at a time)");
+    }
+    ~PagedUse() { c_.busy.store(false); }
+    PagedUse(const PagedUse&) = delete;
+    PagedUse& operator=(const PagedUse&) = delete;
+
+private:
+    PyPagedKVCache& c_;
+};
+
+// Sequence s's keys or values as a float32 copy [Hkv, length, d].
+py::array paged_rows(const PyPagedKVCache& c, std::size_t s, bool values) {
+    const mha::PagedKVCache& pc = c.cache;
+    const std::size_t H = pc.kv_heads(), L = pc.length(s), d = pc.head_dim();
+    py::array_t<float> a({static_cast<py::ssize_t>(H), static_cast<py::ssize_t>(L), static_cast<py::ssize_t>(d)});
+    float* p = a.mutable_data();
+    for (std::size_t h = 0; h < H; ++h) {
+        const mha::Matrix dst(p + h * L * d, L, d);
+        values ? pc.copy_values(s, h, dst) : pc.copy_keys(s, h, dst);
+    }
+    return a;
+}
+
+mha::DataType parse_kv_dtype(const std::string& dtype) {
+    if (dtype != "f32" && dtype != "bf16" && dtype != "f16") value_error("dtype must be 'f32', 'bf16' or 'f16', got '" + dtype + "'");
+    return dtype == "bf16" ? mha::DataType::bf16 : dtype == "f16" ? mha::DataType::f16 : mha::DataType::f32;
+}
+
+std::vector<std::size_t> sizes_of(py::handle h, const char* name) {
+    std::vector<std::size_t> out;
+    for (auto item : py::iter(h)) {
+        const long long v = py::cast<long long>(item);
+        if (v < 0) value_error(std::string(name) + " must hold values >= 0, got " + std::to_string(v));
+        out.push_back(static_cast<std::size_t>(v));
+    }
+    return out;
+}
+
 // A read-only [B, Hkv, capacity, d] numpy view of the cache's keys or values that keeps the cache alive: float32,
 // float16, or uint16 holding bfloat16 bits, as the cache's element type.
 py::array cache_view(py::object self, bool keys) {
@@ -357,7 +406,43 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
                         bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
-                        const std::string& impl, py::handle out, PyKVCache* cache) {
+                        const std::string& impl, py::handle out, py::handle cache_arg, py::handle seq_ids, py::handle q_lens) {
+    if (!cache_arg.is_none() && py::isinstance<PyPagedKVCache>(cache_arg)) {
+        // A serving step: x [T, E] float32, the next q_lens[i] tokens of sequence seq_ids[i], packed.
+        if (seq_ids.is_none() || q_lens.is_none()) value_error("a PagedKVCache step needs seq_ids and q_lens");
+        if (!key.is_none() && !key.is(query)) value_error("key must be None with a PagedKVCache (the cache holds the keys)");
+        if (!value.is_none() && !value.is(query)) value_error("value must be None with a PagedKVCache");
+        if (!key_padding_mask.is_none() || !attn_mask.is_none() || need_weights || !positions.is_none() || position_offset != 0)
+            value_error("masks, need_weights and positions do not apply to a PagedKVCache step (causal over each sequence's keys)");
+        const py::array x = float_input(query, "query", 2, 2);
+        const std::vector<std::size_t> ids = sizes_of(seq_ids, "seq_ids"), ql = sizes_of(q_lens, "q_lens");
+        if (ids.size() != ql.size())
+            value_error("seq_ids has " + std::to_string(ids.size()) + " entries but q_lens has " + std::to_string(ql.size()));
+        const std::size_t T = dim(x, 0), E = self.layer.embed_dim();
+        const std::vector<py::ssize_t> oshape = {static_cast<py::ssize_t>(T), static_cast<py::ssize_t>(E)};
+        py::array o;
+        if (out.is_none()) {
+            o = py::array_t<float>(oshape);
+        } else {
+            o = out_array(out, "out", oshape);
+        }
+        const mha::ConstMatrix xv(static_cast<const float*>(x.data()), T, dim(x, 1), stride_of(x, 0, dim(x, 1)));
+        const mha::Matrix ov(static_cast<float*>(o.mutable_data()), T, E, stride_of(o, 0, E));
+        auto& pc = cache_arg.cast<PyPagedKVCache&>();
+        const int th = parse_threads(threads);
+        {
+            PagedUse use(pc);
+            py::gil_scoped_release release;
+            self.layer.forward_step(xv, ov, pc.cache, ids.data(), ql.data(), ids.size(), th);
+        }
+        return py::make_tuple(o, py::none());
+    }
+    if (!seq_ids.is_none() || !q_lens.is_none()) value_error("seq_ids and q_lens need cache=PagedKVCache");
+    PyKVCache* cache = nullptr;
+    if (!cache_arg.is_none()) {
+        if (!py::isinstance<PyKVCache>(cache_arg)) type_error("cache must be a KVCache or a PagedKVCache, got " + type_name(cache_arg));
+        cache = &cache_arg.cast<PyKVCache&>();
+    }
     // float32 activations, or 16-bit ones (float16, or uint16 arrays holding bfloat16 bits) for the library's
     // HalfAttentionInputs forward, which widens them exactly and rounds the output to the same type.
     const py::array q0 = require_ndarray(query, "query");
@@ -547,16 +632,18 @@ PYBIND11_MODULE(_mha, m) {
                         bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
-                        const std::string& impl, py::handle out, PyKVCache* cache) {
+                        const std::string& impl, py::handle out, py::handle cache, py::handle seq_ids, py::handle q_lens) {
         return layer_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                              is_causal, batch_first, causal_alignment, position_offset, positions, norm_eps, threads,
-                             backend, impl, out, cache);
+                             backend, impl, out, cache, seq_ids, q_lens);
     };
     const char* fwd_doc =
         "forward(query, key=None, value=None, key_padding_mask=None, need_weights=False, attn_mask=None,\n"
         "        average_attn_weights=True, is_causal=False, *, batch_first=True, causal_alignment='top_left',\n"
         "        position_offset=0, positions=None, norm_eps=None, threads=0, backend='simd', impl='auto', out=None,\n"
-        "        cache=None) -> (output, weights or None)";
+        "        cache=None, seq_ids=None, q_lens=None) -> (output, weights or None)\n"
+        "With cache=PagedKVCache: query [T, E] float32 holds the next q_lens[i] tokens of sequence seq_ids[i], packed\n"
+        "in that order (T = sum(q_lens)); returns (y [T, E], None).";
     for (const char* name : {"forward", "__call__"}) {
         layer_cls.def(name, fwd, fwd_doc, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
                       py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = false,
@@ -565,7 +652,7 @@ PYBIND11_MODULE(_mha, m) {
                       py::arg("causal_alignment") = "top_left", py::arg("position_offset") = 0,
                       py::arg("positions") = py::none(), py::arg("norm_eps") = py::none(), py::arg("threads") = 0,
                       py::arg("backend") = "simd", py::arg("impl") = "auto", py::arg("out") = py::none(),
-                      py::arg("cache") = py::none());
+                      py::arg("cache") = py::none(), py::arg("seq_ids") = py::none(), py::arg("q_lens") = py::none());
     }
 
     m.def("_sdpa", &sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask"),
@@ -607,4 +694,40 @@ PYBIND11_MODULE(_mha, m) {
              "Read-only view [B, Hkv, capacity, d] (float32, float16, or uint16 bfloat16 bits); rows at or past length(b) are stale.")
         .def("values", [](py::object self) { return cache_view(std::move(self), false); },
              "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.");
+
+    py::class_<PyPagedKVCache>(m, "PagedKVCache")
+        .def(py::init([](std::size_t n, std::size_t bs, std::size_t h, std::size_t d, const std::string& dtype) {
+                 return std::make_unique<PyPagedKVCache>(n, bs, h, d, parse_kv_dtype(dtype));
+             }),
+             py::arg("num_blocks"), py::arg("block_size"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("dtype") = "f32")
+        .def_property_readonly("dtype", [](const PyPagedKVCache& c) { return std::string(mha::data_type_name(c.cache.element_type())); })
+        .def_property_readonly("num_blocks", [](const PyPagedKVCache& c) { return c.cache.num_blocks(); })
+        .def_property_readonly("block_size", [](const PyPagedKVCache& c) { return c.cache.block_size(); })
+        .def_property_readonly("kv_heads", [](const PyPagedKVCache& c) { return c.cache.kv_heads(); })
+        .def_property_readonly("head_dim", [](const PyPagedKVCache& c) { return c.cache.head_dim(); })
+        .def_property_readonly("free_blocks", [](const PyPagedKVCache& c) { return c.cache.free_blocks(); })
+        .def_property_readonly("used_blocks", [](const PyPagedKVCache& c) { return c.cache.used_blocks(); })
+        .def("add_sequence", [](PyPagedKVCache& c) { PagedUse u(c); return c.cache.add_sequence(); })
+        .def("fork", [](PyPagedKVCache& c, std::size_t s) { PagedUse u(c); return c.cache.fork(s); }, py::arg("s"))
+        .def("length", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.length(s); }, py::arg("s"))
+        .def("block_table", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.block_table(s); }, py::arg("s"))
+        .def("truncate", [](PyPagedKVCache& c, std::size_t s, std::size_t n) { PagedUse u(c); c.cache.truncate(s, n); },
+             py::arg("s"), py::arg("n"))
+        .def("free_sequence", [](PyPagedKVCache& c, std::size_t s) { PagedUse u(c); c.cache.free_sequence(s); }, py::arg("s"))
+        .def("append",
+             [](PyPagedKVCache& c, std::size_t s, py::handle key, py::handle value) {
+                 // [Hkv, n, d] or [1, Hkv, n, d], projected and rotated (as KVCache.append).
+                 py::array k = float_input(key, "k", 3, 4), v = float_input(value, "v", 3, 4);
+                 if (k.ndim() == 3) k = k[py::make_tuple(py::none())];
+                 if (v.ndim() == 3) v = v[py::make_tuple(py::none())];
+                 const mha::ConstHeads kh = heads_view(k, static_cast<const float*>(k.data()));
+                 const mha::ConstHeads vh = heads_view(v, static_cast<const float*>(v.data()));
+                 PagedUse u(c);
+                 c.cache.append(s, kh, vh);
+             },
+             py::arg("s"), py::arg("k"), py::arg("v"))
+        .def("keys", [](const PyPagedKVCache& c, std::size_t s) { return paged_rows(c, s, false); }, py::arg("s"),
+             "Sequence s's keys, a float32 copy [Hkv, length, d].")
+        .def("values", [](const PyPagedKVCache& c, std::size_t s) { return paged_rows(c, s, true); }, py::arg("s"),
+             "Sequence s's values, a float32 copy [Hkv, length, d].");
 }

@@ -1,0 +1,134 @@
+"""mha.PagedKVCache and variable-length steps through the layer (the Python contract of issue 22): a step mixing
+prefill chunks and decodes equals each sequence alone (bitwise) and the float64 reference of each sequence
+from its own tokens; fork / truncate / free and the block accounting; errors as ValueError, nothing changed."""
+import numpy as np
+import pytest
+
+import mha
+from attention_reference import assert_within, mha_reference
+
+RNG = np.random.default_rng(2200)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def make_layer(E=32, H=4, Hkv=2, d=8):
+    w = {"in_proj_weight": rand(H * d + 2 * Hkv * d, E) / np.sqrt(E), "in_proj_bias": rand(H * d + 2 * Hkv * d),
+         "out_proj_weight": rand(E, H * d) / np.sqrt(H * d), "out_proj_bias": rand(E)}
+    return mha.MultiheadAttention(E, H, num_kv_heads=Hkv, head_dim=d, rope_theta=10000.0, **w), w
+
+
+def causal_reference(x, w, H, Hkv, d):
+    L = x.shape[0]
+    pos = np.arange(L)
+    return mha_reference(x[None], x[None], x[None], w, H, Hkv, d, mask=np.triu(np.full((L, L), -np.inf), 1),
+                         rope_theta=10000.0, positions_q=pos, positions_k=pos)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_mixed_steps_equal_each_sequence_alone(block_size, dtype):
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, w = make_layer(E, H, Hkv, d)
+    tokens = [rand(n, E) for n in (23, 42, 10)]
+    steps = [[(0, 20), (1, 40)], [(0, 1), (1, 1), (2, 9)], [(2, 1), (0, 2), (1, 1)]]
+    cache = mha.PagedKVCache(32, block_size, Hkv, d, dtype=dtype)
+    ids = [cache.add_sequence() for _ in tokens]
+    alone = [mha.KVCache(1, Hkv, d, len(t), dtype=dtype) for t in tokens]
+    at = [0, 0, 0]
+    for step in steps:
+        x = np.concatenate([tokens[s][at[s]:at[s] + q] for s, q in step])
+        y, weights = layer(x, cache=cache, seq_ids=[ids[s] for s, _ in step], q_lens=[q for _, q in step])
+        assert weights is None and y.shape == x.shape and y.dtype == np.float32
+        row = 0
+        for s, q in step:
+            want, _ = layer(tokens[s][None, at[s]:at[s] + q], cache=alone[s])
+            np.testing.assert_array_equal(y[row:row + q], want[0])
+            row += q
+            at[s] += q
+    for s, t in enumerate(tokens):
+        assert cache.length(ids[s]) == len(t)
+        assert cache.keys(ids[s]).shape == (Hkv, len(t), d) and cache.keys(ids[s]).dtype == np.float32
+        np.testing.assert_array_equal(cache.keys(ids[s]), mha_cache_rows(alone[s], True, len(t)))
+        np.testing.assert_array_equal(cache.values(ids[s]), mha_cache_rows(alone[s], False, len(t)))
+    used = sum(-(-len(t) // block_size) for t in tokens)
+    assert cache.free_blocks == cache.num_blocks - used and cache.block_size == block_size and cache.num_blocks == 32
+
+
+def mha_cache_rows(kv, keys, n):
+    a = (kv.keys() if keys else kv.values())[0, :, :n]
+    if kv.dtype == "bf16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def test_steps_agree_with_the_float64_reference():
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, w = make_layer(E, H, Hkv, d)
+    tokens = [rand(17, E), rand(5, E)]
+    cache = mha.PagedKVCache(8, 16, Hkv, d)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    y1, _ = layer(np.concatenate([tokens[0][:16], tokens[1][:4]]), cache=cache, seq_ids=[a, b], q_lens=[16, 4])
+    y2, _ = layer(np.concatenate([tokens[1][4:], tokens[0][16:]]), cache=cache, seq_ids=[b, a], q_lens=[1, 1])
+    got = [np.concatenate([y1[:16], y2[1:]]), np.concatenate([y1[16:], y2[:1]])]
+    for s in range(2):
+        ref, bound, _, _ = causal_reference(tokens[s], w, H, Hkv, d)
+        assert_within(got[s][None], ref, bound, f"sequence {s}")
+
+
+def test_fork_truncate_free_and_append():
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, _ = make_layer(E, H, Hkv, d)
+    cache = mha.PagedKVCache(6, 16, Hkv, d)
+    s = cache.add_sequence()
+    layer(rand(20, E), cache=cache, seq_ids=[s], q_lens=[20])
+    assert cache.free_blocks == 4
+    t = cache.fork(s)
+    assert cache.length(t) == 20 and cache.free_blocks == 4
+    keys_s = cache.keys(s)
+    layer(rand(2, E), cache=cache, seq_ids=[t, s], q_lens=[1, 1])  # both copy the shared second block
+    assert cache.free_blocks == 3
+    np.testing.assert_array_equal(cache.keys(s)[:, :20], keys_s)
+    np.testing.assert_array_equal(cache.keys(t)[:, :20], keys_s)
+    assert not np.array_equal(cache.keys(s)[:, 20], cache.keys(t)[:, 20])
+    cache.truncate(t, 3)
+    assert cache.length(t) == 3 and cache.free_blocks == 4
+    cache.free_sequence(t)
+    cache.free_sequence(s)
+    assert cache.free_blocks == 6
+    u = cache.add_sequence()
+    k, v = rand(Hkv, 5, d), rand(Hkv, 5, d)
+    cache.append(u, k, v)
+    np.testing.assert_array_equal(cache.keys(u), k)
+    np.testing.assert_array_equal(cache.values(u), v)
+
+
+def test_errors_change_nothing():
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, _ = make_layer(E, H, Hkv, d)
+    cache = mha.PagedKVCache(3, 16, Hkv, d)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    layer(rand(20, E), cache=cache, seq_ids=[a, b], q_lens=[10, 10])
+    keys = cache.keys(a)
+    before = (cache.free_blocks, cache.length(a), cache.length(b))
+    out = np.full((40, E), 7.0, np.float32)
+    for ids, q, T, words in [([a, b], [20, 20], 40, "free blocks but this step needs"),
+                             ([a, a], [1, 1], 2, "appears twice"),
+                             ([a, b], [1, 0], 1, "q_lens\\[1\\] is 0"),
+                             ([a, b], [1, 1], 3, "sum of q_lens"),
+                             ([a, 7], [1, 1], 2, "not in this paged KV cache")]:
+        with pytest.raises(ValueError, match=words):
+            layer(rand(T, E), cache=cache, seq_ids=ids, q_lens=q, out=out[:T])
+        assert (cache.free_blocks, cache.length(a), cache.length(b)) == before
+        np.testing.assert_array_equal(cache.keys(a), keys)
+        assert (out == 7.0).all()
+    with pytest.raises(ValueError, match="seq_ids has 2 entries but q_lens has 1"):
+        layer(rand(2, E), cache=cache, seq_ids=[a, b], q_lens=[2])
+    with pytest.raises(ValueError, match="needs seq_ids and q_lens"):
+        layer(rand(2, E), cache=cache)
+    with pytest.raises(ValueError, match="block_size"):
+        mha.PagedKVCache(4, 24, Hkv, d)
+    with pytest.raises(ValueError, match="dtype"):
+        mha.PagedKVCache(4, 16, Hkv, d, dtype="f64")
