@@ -18,6 +18,16 @@
 //              gflops = (2·B·Lq·(E·H·d + 2·E·Hkv·d + H·d·E) + 4·B·H·Lq·(Lk + Lq)·d) / t
 //              gbps   = (weight bytes + K/V cache bytes read) / t, weight bytes = MultiheadAttention::weight_bytes_read()
 //                       (packed projections with their padding, biases), cache bytes = 2·B·Hkv·(Lk + Lq)·d·4
+//   step       one serving step over a mha::PagedKVCache (MultiheadAttention::forward_step): --decode-seqs N
+//              sequences of --kv-seq LK cached keys (--ragged: evenly spaced from LK/2 to 3·LK/2) with one new
+//              token each, and --prefill-seqs P chunks of --prefill-len LQ tokens on --prefill-past LP cached
+//              keys, T = N + P·LQ tokens in one call; before each call every sequence is truncated back to its
+//              cached keys (outside the timed region). --core-only times mha::paged_attention alone on the
+//              step's queries [T, H·d] over the same pool (keys of the new tokens already written).
+//              gflops = (2·T·(E·H·d + 2·E·Hkv·d + H·d·E) + 4·H·d·Σ visible pairs) / t (core-only: the pairs)
+//              gbps   = (weight bytes + K/V bytes read: 2·Hkv·d·Σ keys·element bytes) / t (core-only: K/V)
+//              JSON: "tokens" T, "kv_blocks" the blocks in use, "path" decode / grouped / materialized when
+//              every sequence takes it, else "mixed"
 //   gemm       C[m, n] = A[m, k]·B[n, k]ᵀ        gflops = 2·m·n·k / t
 //   softmax    [rows, cols] in place              gbps   = 2·rows·cols·4 bytes / t   (read + write)
 //   layernorm  [rows, cols] → [rows, cols]        gbps   = 2·rows·cols·4 bytes / t
@@ -139,6 +149,7 @@ const char* op_name(BenchOp op) {
         case BenchOp::attention: return "attention";
         case BenchOp::sdpa: return "sdpa";
         case BenchOp::decode: return "decode";
+        case BenchOp::step: return "step";
         case BenchOp::gemm: return "gemm";
         case BenchOp::softmax: return "softmax";
         case BenchOp::layernorm: return "layernorm";
@@ -158,7 +169,7 @@ const char* impl_name(Algorithm impl) {
 }  // namespace
 
 void bench_command(const BenchOptions& opt) {
-    const bool kernel = opt.op != BenchOp::attention && opt.op != BenchOp::sdpa && opt.op != BenchOp::decode;
+    const bool kernel = opt.op != BenchOp::attention && opt.op != BenchOp::sdpa && opt.op != BenchOp::decode && opt.op != BenchOp::step;
     if (kernel && opt.threads && *opt.threads != 1)
         throw tool_error("--threads " + std::to_string(*opt.threads) + " is not supported for --op " + op_name(opt.op) +
                          ": the kernels are single-threaded (use --threads 1 or leave it out)");
@@ -326,6 +337,111 @@ void bench_command(const BenchOptions& opt) {
                     " impl=" + impl_name(opt.impl) + " kv_type=" + std::string(data_type_name(opt.kv_type));
             break;
         }
+        case BenchOp::step: {
+            const std::size_t E = opt.embed, H = opt.heads, Hkv = opt.kv_heads.value_or(H), LK = opt.kv_seq.value_or(2048);
+            if (!opt.head_dim && E % H != 0)
+                throw tool_error("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
+                                 " (the head dim defaults to --embed / --heads; give --head-dim)");
+            const std::size_t d = opt.head_dim.value_or(E / H), N = opt.decode_seqs, P = opt.prefill_seqs;
+            if (N + P == 0) throw tool_error("--decode-seqs and --prefill-seqs are both 0: the step has no sequence");
+            if (opt.backend == Backend::scalar) throw tool_error("--op step runs the SIMD backend only");
+            // Per sequence: cached keys and new tokens; decodes first, then the prefill chunks.
+            std::vector<std::size_t> past, q_lens;
+            for (std::size_t i = 0; i < N; ++i) {
+                past.push_back(opt.ragged && N > 1 ? LK / 2 + i * LK / (N - 1) : LK);
+                q_lens.push_back(1);
+            }
+            for (std::size_t i = 0; i < P; ++i) past.push_back(opt.prefill_past), q_lens.push_back(opt.prefill_len);
+            const std::size_t n = past.size(), bs = opt.block_size;
+            std::size_t T = 0, blocks = 0;
+            double pairs = 0, keys = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                T += q_lens[i];
+                blocks += (past[i] + q_lens[i] + bs - 1) / bs;
+                keys += double(past[i] + q_lens[i]);
+                for (std::size_t t = 0; t < q_lens[i]; ++t) pairs += double(past[i] + t + 1);
+            }
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
+            PagedKVCache cache(blocks, bs, Hkv, d, opt.kv_type);
+            std::vector<std::size_t> ids;
+            {
+                std::size_t longest = 0;
+                for (std::size_t i = 0; i < n; ++i) longest = std::max(longest, past[i] + q_lens[i]);
+                const std::vector<float> k = random_values(count_of("the cached keys", {Hkv, longest, d}), 1.0f, rng);
+                const std::vector<float> v = random_values(count_of("the cached values", {Hkv, longest, d}), 1.0f, rng);
+                for (std::size_t i = 0; i < n; ++i) {
+                    ids.push_back(cache.add_sequence());
+                    // Core-only: the new tokens' keys are in the pool too (the layer step writes them itself).
+                    const std::size_t rows = opt.core_only ? past[i] + q_lens[i] : past[i];
+                    if (rows != 0)
+                        cache.append(ids[i], ConstHeads(k.data(), 1, Hkv, rows, d, 0, longest * d, d),
+                                     ConstHeads(v.data(), 1, Hkv, rows, d, 0, longest * d, d));
+                }
+            }
+            // The path of each sequence's core (sdpa_path on its shape: the rule the paged core applies).
+            std::string path;
+            {
+                const float dummy[1] = {0.0f};
+                for (std::size_t i = 0; i < n; ++i) {
+                    SdpaInputs in{ConstHeads(dummy, 1, H, q_lens[i], d, 0, 0, 0), ConstHeads(dummy, 1, Hkv, past[i] + q_lens[i], d, 0, 0, 0),
+                                  ConstHeads(dummy, 1, Hkv, past[i] + q_lens[i], d, 0, 0, 0), {}, {}};
+                    const std::string p(attention_path_name(sdpa_path(in)));
+                    path = path.empty() || path == p ? p : "mixed";
+                }
+            }
+            const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
+            const double kv_bytes = 2.0 * double(Hkvd) * keys * double(data_type_bytes(opt.kv_type));
+            const double core_flops = 4.0 * double(Hd) * pairs;
+            const int th = opt.threads.value_or(0);
+            if (opt.core_only) {
+                std::vector<std::size_t> lengths(n), starts(n + 1, 0);
+                std::size_t stride = 0;
+                for (std::size_t i = 0; i < n; ++i) {
+                    lengths[i] = past[i] + q_lens[i];
+                    starts[i + 1] = starts[i] + q_lens[i];
+                    stride = std::max(stride, cache.block_table(ids[i]).size());
+                }
+                std::vector<std::uint32_t> tables(n * stride, 0);
+                for (std::size_t i = 0; i < n; ++i)
+                    std::copy(cache.block_table(ids[i]).begin(), cache.block_table(ids[i]).end(), tables.begin() + std::ptrdiff_t(i * stride));
+                const std::vector<float> q = random_values(count_of("q", {T, Hd}), 1.0f, rng);
+                std::vector<float> out(q.size());
+                const PagedSequences seqs{n, tables.data(), stride, lengths.data(), starts.data()};
+                PagedAttentionOptions po;
+                po.threads = th;
+                t = time_calls(opt.reps, [&] { paged_attention(ConstMatrix(q.data(), T, Hd), cache.pool(), seqs, Matrix(out.data(), T, Hd), po); });
+                flops = core_flops;
+                bytes = kv_bytes;
+            } else {
+                const std::vector<float> x = random_values(count_of("x", {T, E}), 1.0f, rng);
+                std::vector<float> y(x.size());
+                t = time_calls(
+                    opt.reps,
+                    [&] { attention.forward_step(ConstMatrix(x.data(), T, E), Matrix(y.data(), T, E), cache, ids.data(), q_lens.data(), n, th); },
+                    [&] {
+                        for (std::size_t i = 0; i < n; ++i) cache.truncate(ids[i], past[i]);
+                    });
+                flops = 2.0 * double(T) * (double(E) * double(Hd) * 2 + 2.0 * double(E) * double(Hkvd)) + core_flops;
+                bytes = double(attention.weight_bytes_read()) + kv_bytes;
+                j["weight_bytes"] = attention.weight_bytes_read();
+            }
+            j["path"] = path;
+            j["tokens"] = T;
+            j["kv_blocks"] = cache.used_blocks();
+            j["kv_bytes"] = kv_bytes;
+            j["decode_seqs"] = N, j["kv_seq"] = LK, j["ragged"] = opt.ragged, j["prefill_seqs"] = P;
+            j["prefill_len"] = opt.prefill_len, j["prefill_past"] = opt.prefill_past, j["block_size"] = bs;
+            j["embed"] = E, j["heads"] = H, j["kv_heads"] = Hkv, j["head_dim"] = d;
+            j["kv_type"] = std::string(data_type_name(opt.kv_type));
+            j["core_only"] = opt.core_only;
+            shape = "decode_seqs=" + std::to_string(N) + " kv_seq=" + std::to_string(LK) + (opt.ragged ? " ragged" : "") +
+                    " prefill_seqs=" + std::to_string(P) + " prefill_len=" + std::to_string(opt.prefill_len) +
+                    " prefill_past=" + std::to_string(opt.prefill_past) + " block_size=" + std::to_string(bs) + " tokens=" +
+                    std::to_string(T) + " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" +
+                    std::to_string(Hkv) + " head_dim=" + std::to_string(d) + " kv_type=" + std::string(data_type_name(opt.kv_type)) +
+                    (opt.core_only ? " core_only" : "") + " path=" + path;
+            break;
+        }
         case BenchOp::gemm: {
             const std::size_t M = opt.m, N = opt.n, K = opt.k;
             const std::vector<float> a = random_values(count_of("A", {M, K}), 1.0f, rng);
@@ -369,6 +485,7 @@ void bench_command(const BenchOptions& opt) {
     j["ms_min"] = t.min_ms;
     if (opt.op != BenchOp::softmax && opt.op != BenchOp::layernorm) j["gflops"] = flops / seconds / 1e9;
     if (opt.op != BenchOp::attention && opt.op != BenchOp::gemm) j["gbps"] = bytes / seconds / 1e9;
+    if (opt.op == BenchOp::step) j["kv_gbps"] = j["kv_bytes"].get<double>() / seconds / 1e9;
 
     if (opt.json) {
         std::printf("%s\n", j.dump().c_str());

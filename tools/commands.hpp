@@ -67,7 +67,7 @@ struct SdpaCommandOptions {
 
 void sdpa_command(const SdpaCommandOptions& options);
 
-enum class BenchOp { attention, sdpa, decode, gemm, softmax, layernorm };
+enum class BenchOp { attention, sdpa, decode, step, gemm, softmax, layernorm };
 
 struct BenchOptions {
     BenchOp op = BenchOp::attention;
@@ -82,6 +82,9 @@ struct BenchOptions {
     DataType kv_type = DataType::f32;          // decode: the KV cache's element type (--kv-type)
     bool causal = false;
     Algorithm impl = Algorithm::automatic;
+    // step: one serving step over a paged cache (decode sequences and prefill chunks in one call)
+    std::size_t decode_seqs = 16, prefill_seqs = 0, prefill_len = 256, prefill_past = 0, block_size = 64;
+    bool ragged = false, core_only = false;
     // gemm: C[m, n] = A[m, k] · B[n, k]ᵀ
     std::size_t m = 1024, n = 2304, k = 768;
     // softmax, layernorm

@@ -33,7 +33,7 @@ void print_error(const std::string& where, const std::string& message) {
 const std::map<std::string, mha::Backend> backend_names{{"scalar", mha::Backend::scalar}, {"simd", mha::Backend::simd}};
 const std::map<std::string, mha::Algorithm> impl_names{
     {"auto", mha::Algorithm::automatic}, {"materialized", mha::Algorithm::materialized}, {"fused", mha::Algorithm::fused}};
-const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
+const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention}, {"step", BenchOp::step},
                                               {"sdpa", BenchOp::sdpa},
                                               {"decode", BenchOp::decode},
                                               {"gemm", BenchOp::gemm},
@@ -166,15 +166,16 @@ int main(int argc, char** argv) {
     CLI::App* bench = app.add_subcommand("bench", "Time one op on random inputs (one warm-up, then --reps timed runs)");
     std::string bench_op, bench_backend = "simd", bench_impl = "auto";
     bench->add_option("--op", bench_op,
-                      "The op to time: attention, sdpa, decode (one decode step of the layer with a KV cache), gemm, "
-                      "softmax or layernorm")
+                      "The op to time: attention, sdpa, decode (one decode step of the layer with a KV cache), step (one "
+                      "serving step over a paged KV cache: decodes and prefill chunks in one call), gemm, softmax or layernorm")
         ->required()
         ->check(CLI::IsMember(op_names));
     // Options that only make sense for some ops; giving one to another op is an error.
     std::vector<std::pair<CLI::Option*, std::vector<BenchOp>>> op_specific;
     auto only_for = [&](CLI::Option* o, std::vector<BenchOp> ops) { op_specific.emplace_back(o, std::move(ops)); };
     const std::vector<BenchOp> attention{BenchOp::attention}, heads_ops{BenchOp::attention, BenchOp::sdpa, BenchOp::decode};
-    const std::vector<BenchOp> layer_ops{BenchOp::attention, BenchOp::decode};
+    const std::vector<BenchOp> layer_ops{BenchOp::attention, BenchOp::decode, BenchOp::step};
+    const std::vector<BenchOp> step_op{BenchOp::step}, shape_ops{BenchOp::attention, BenchOp::sdpa, BenchOp::decode, BenchOp::step};
     only_for(bench->add_option("--batch", bench_opts.batch, "attention/sdpa/decode: batch B (default 8)")->check(positive), heads_ops);
     CLI::Option* seq_opt =
         bench->add_option("--seq", bench_seq, "attention/sdpa: query length Lq (default 128); decode: new tokens per step (default 1)")
@@ -184,16 +185,32 @@ int main(int argc, char** argv) {
                                             "attention/sdpa: key/value length Lk (default: --seq); decode: tokens already "
                                             "cached per sequence (default 1024)")
                               ->check(positive);
-    only_for(kv_opt, heads_ops);
-    only_for(bench->add_option("--embed", bench_opts.embed, "attention/decode: embed dim E (default 768)")->check(positive), layer_ops);
-    only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa/decode: query heads H (default 12)")->check(positive), heads_ops);
+    only_for(kv_opt, shape_ops);
+    only_for(bench->add_option("--decode-seqs", bench_opts.decode_seqs, "step: decode sequences (one new token each; default 16)"),
+             step_op);
+    only_for(bench->add_flag("--ragged", bench_opts.ragged,
+                             "step: decode sequences hold evenly spaced key counts from --kv-seq/2 to 3·--kv-seq/2"),
+             step_op);
+    only_for(bench->add_option("--prefill-seqs", bench_opts.prefill_seqs, "step: prefill chunks (default 0)"), step_op);
+    only_for(bench->add_option("--prefill-len", bench_opts.prefill_len, "step: tokens per prefill chunk (default 256)")->check(positive),
+             step_op);
+    only_for(bench->add_option("--prefill-past", bench_opts.prefill_past, "step: keys cached before each prefill chunk (default 0)"),
+             step_op);
+    only_for(bench->add_option("--block-size", bench_opts.block_size, "step: paged cache block size 16, 32, 64 (default), 128 or 256")
+                 ->check(CLI::IsMember({16, 32, 64, 128, 256})),
+             step_op);
+    only_for(bench->add_flag("--core-only", bench_opts.core_only,
+                             "step: time the attention core alone (mha::paged_attention on the step's queries)"),
+             step_op);
+    only_for(bench->add_option("--embed", bench_opts.embed, "attention/decode/step: embed dim E (default 768)")->check(positive), layer_ops);
+    only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa/decode/step: query heads H (default 12)")->check(positive), shape_ops);
     CLI::Option* bench_kv_heads_opt =
         bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa/decode: key/value heads Hkv (default: --heads)")->check(positive);
-    only_for(bench_kv_heads_opt, heads_ops);
+    only_for(bench_kv_heads_opt, shape_ops);
     CLI::Option* bench_head_dim_opt =
         bench->add_option("--head-dim", bench_head_dim, "attention/sdpa/decode: head dim d (default: attention/decode E / H, sdpa 64)")
             ->check(positive);
-    only_for(bench_head_dim_opt, heads_ops);
+    only_for(bench_head_dim_opt, shape_ops);
     CLI::Option* kdim_opt = bench->add_option("--kdim", bench_kdim, "attention: key features (default: --embed)")->check(positive);
     only_for(kdim_opt, attention);
     CLI::Option* vdim_opt = bench->add_option("--vdim", bench_vdim, "attention: value features (default: --kdim)")->check(positive);
@@ -219,7 +236,7 @@ int main(int argc, char** argv) {
     std::string bench_dtype = "f32";
     only_for(bench->add_option("--dtype", bench_dtype, "attention/decode/gemm: compute type f32 (default) or bf16")
                  ->check(CLI::IsMember(dtype_names)),
-             {BenchOp::attention, BenchOp::decode, BenchOp::gemm});
+             {BenchOp::attention, BenchOp::decode, BenchOp::step, BenchOp::gemm});
     CLI::Option* threads_opt = bench->add_option("--threads", threads,
                                                  "Threads (attention, sdpa: 0 = all cores, the default; the kernels are "
                                                  "single-threaded and accept only 1)")
@@ -228,7 +245,7 @@ int main(int argc, char** argv) {
     only_for(bench->add_option("--kv-type", bench_kv_type,
                                "decode: KV cache element type f32 (default), bf16 or f16 (gbps counts the cache at its size)")
                  ->check(CLI::IsMember(kv_type_names)),
-             {BenchOp::decode});
+             {BenchOp::decode, BenchOp::step});
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
