@@ -515,6 +515,30 @@ TEST_F(BenchTest, AttentionJson) {
     EXPECT_NEAR(j["gflops"].get<double>(), flops / (j["ms_median"].get<double>() * 1e-3) / 1e9, 1e-6 * j["gflops"].get<double>());
 }
 
+// A mixed serving step: 3 ragged decodes around 40 keys (20, 40, 60) and 2 chunks of 5 on 3 cached keys.
+TEST_F(BenchTest, StepJson) {
+    const nlohmann::json j = bench({"--op", "step", "--embed", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+                                    "--decode-seqs", "3", "--kv-seq", "40", "--ragged", "--prefill-seqs", "2", "--prefill-len", "5",
+                                    "--prefill-past", "3", "--block-size", "16", "--kv-type", "bf16", "--threads", "1"});
+    EXPECT_EQ(j.value("op", ""), "step");
+    EXPECT_EQ(j.value("tokens", 0), 13);
+    // Blocks of 16 holding 21, 41, 61, 8 and 8 keys.
+    EXPECT_EQ(j.value("kv_blocks", 0), 2 + 3 + 4 + 1 + 1);
+    EXPECT_EQ(j.value("path", ""), "decode");  // 5 queries, G = 2: every sequence takes the decode path
+    const double pairs = 21 + 41 + 61 + 2 * (4 + 5 + 6 + 7 + 8), keys = 21 + 41 + 61 + 2 * 8;
+    const double flops = 2.0 * 13 * (2 * 32 * 32 + 2 * 32 * 16) + 4.0 * 32 * pairs;
+    const double seconds = j["ms_median"].get<double>() * 1e-3;
+    EXPECT_NEAR(j["gflops"].get<double>(), flops / seconds / 1e9, 1e-6 * j["gflops"].get<double>());
+    const double bytes = j["weight_bytes"].get<double>() + 2.0 * 16 * keys * 2;
+    EXPECT_NEAR(j["gbps"].get<double>(), bytes / seconds / 1e9, 1e-6 * j["gbps"].get<double>());
+    const nlohmann::json core = bench({"--op", "step", "--embed", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+                                       "--decode-seqs", "2", "--kv-seq", "100", "--prefill-seqs", "1", "--prefill-len", "40",
+                                       "--core-only", "--threads", "1"});
+    EXPECT_EQ(core.value("path", ""), "mixed");  // 40 queries take the grouped path
+    const double core_seconds = core["ms_median"].get<double>() * 1e-3;
+    EXPECT_NEAR(core["gbps"].get<double>(), 2.0 * 16 * (101 + 101 + 40) * 4 / core_seconds / 1e9, 1e-6 * core["gbps"].get<double>());
+}
+
 TEST_F(BenchTest, AttentionDefaults) {
     const nlohmann::json j = bench({"--op", "attention", "--backend", "scalar", "--seq", "8"});
     EXPECT_EQ(j.value("backend", ""), "scalar");
