@@ -57,7 +57,7 @@ fuzz_build() {
   local b=${prefix}fuzz
   CXX=clang++ cmake -S . -B "$b" -DMHA_BUILD_FUZZERS=ON -DMHA_SANITIZE=ON -DMHA_BUILD_TESTS=OFF \
     -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-    cmake --build "$b" -j "$jobs" --target fuzz_npy fuzz_attention fuzz_sdpa
+    cmake --build "$b" -j "$jobs" --target fuzz_npy fuzz_attention fuzz_sdpa fuzz_paged_step
 }
 
 fuzz_run() {  # fuzz_run TARGET CORPUS [libFuzzer flags...]
@@ -70,7 +70,7 @@ fuzz_run() {  # fuzz_run TARGET CORPUS [libFuzzer flags...]
     "$b/fuzz/$target" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 \
     -artifact_prefix="$b/fuzz-work/$target-" "$@" "$scratch" "$corpus" >"$log" 2>&1
   local rc=$?
-  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|invariant|fuzz_attention:|fuzz_sdpa:" "$log" | tail -n 8
+  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|invariant|fuzz_attention:|fuzz_sdpa:|fuzz_paged_step:" "$log" | tail -n 8
   [ $rc -eq 0 ] || { echo "---- tail of $log"; tail -n 40 "$log"; }
   return $rc
 }
@@ -88,6 +88,7 @@ if [ -x "${prefix}fuzz/fuzz/fuzz_npy" ]; then
   step "fuzz_npy ${fuzz_seconds}s" fuzz_run fuzz_npy fuzz/corpus/npy -dict=fuzz/npy.dict -max_len=4096
   step "fuzz_attention ${fuzz_seconds}s" fuzz_run fuzz_attention fuzz/corpus/attention -max_len=256
   step "fuzz_sdpa ${fuzz_seconds}s" fuzz_run fuzz_sdpa fuzz/corpus/sdpa -max_len=256
+  step "fuzz_paged_step ${fuzz_seconds}s" fuzz_run fuzz_paged_step fuzz/corpus/paged_step -max_len=256
 fi
 step "valgrind on mha run + isa leak (g++)" valgrind_check rel g++ RelWithDebInfo
 step "valgrind on mha run + isa leak (clang++)" valgrind_check clang clang++ Release

@@ -2,6 +2,7 @@
 """Charts and a Markdown table from bench_attention's Google Benchmark JSON output.
 
 usage: plot_bench.py [--out DIR] FILE.json [FILE.json ...]
+       plot_bench.py [--out DIR] --serving FILE.json     (bench/serving_sim --json FILE: serving.png, serving.md)
 
 Reads runs named suite/backend/E:../H:../B:../L:../threads:..[/impl:..] (see bench/bench_attention.cpp)
 and writes into DIR (default: results):
@@ -305,12 +306,59 @@ def plot(contexts, runs, out_dir):
     return written
 
 
+def serving(path, out_dir):
+    """Output tokens/s and peak KV memory of each method of bench/serving_sim."""
+    with open(path) as f:
+        rows = json.load(f)["serving"]
+    lines = ["| method | output tokens/s | peak KV MB | tokens held then, MB |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['peak_kv_bytes'] / 1e6:.1f} | {r['held_kv_bytes'] / 1e6:.1f} |")
+    table = "\n".join(lines)
+    written = [os.path.join(out_dir, "serving.md")]
+    with open(written[0], "w") as f:
+        f.write("# Serving simulation\n\n" + table + "\n")
+    print(table)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"plot_bench: no chart ({e}); install python3-matplotlib", file=sys.stderr)
+        return written
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r["method"] for r in rows]
+    a.bar(names, [r["tokens_per_s"] for r in rows])
+    a.set_ylabel("output tokens/s")
+    a.set_title("Throughput")
+    x = range(len(rows))
+    b.bar([i - 0.2 for i in x], [r["peak_kv_bytes"] / 1e6 for r in rows], width=0.4, label="peak KV held")
+    b.bar([i + 0.2 for i in x], [r["held_kv_bytes"] / 1e6 for r in rows], width=0.4, label="tokens' K/V then")
+    b.set_xticks(list(x))
+    b.set_xticklabels(names)
+    b.set_ylabel("MB")
+    b.set_title("KV memory")
+    b.legend()
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelrotation=15)
+    fig.tight_layout()
+    written.append(os.path.join(out_dir, "serving.png"))
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results", help="folder for the charts and the table (default: results)")
+    ap.add_argument("--serving", action="store_true", help="the files are bench/serving_sim --json output")
     ap.add_argument("files", nargs="+", help="JSON files written with --benchmark_out_format=json")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.serving:
+        for path in args.files:
+            for w in serving(path, args.out):
+                print(f"wrote {w}")
+        return
     contexts, runs = load(args.files)
     if not runs:
         sys.exit("plot_bench: no attention benchmark runs in " + ", ".join(args.files))

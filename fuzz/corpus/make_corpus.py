@@ -7,6 +7,7 @@
   fuzz/corpus/attention/  byte strings for fuzz_attention: all-zero, all-0xff and seeded random inputs of
                           several lengths (the target decodes options from them; any bytes are valid).
   fuzz/corpus/sdpa/       the same kind of byte strings for fuzz_sdpa (another seed).
+  fuzz/corpus/paged_step/ the same kind for fuzz_paged_step (another seed).
 Needs python3-numpy. Usage: /usr/bin/python3 fuzz/corpus/make_corpus.py
 """
 import io
@@ -74,6 +75,12 @@ def main():
     gen = random.Random(8642)
     for i, length in enumerate([16, 32, 48, 64, 96, 128]):
         write(sdpa, "random_%d_%d" % (i, length), bytes(gen.randrange(256) for _ in range(length)))
+    paged = os.path.join(here, "paged_step")
+    write(paged, "zeros_64", bytes(64))
+    write(paged, "ones_64", b"\xff" * 64)
+    gen = random.Random(2222)
+    for i, length in enumerate([16, 32, 48, 64, 96, 128]):
+        write(paged, "random_%d_%d" % (i, length), bytes(gen.randrange(256) for _ in range(length)))
 
 
 if __name__ == "__main__":
