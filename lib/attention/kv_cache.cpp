@@ -155,14 +155,7 @@ void KVCache::copy_values(std::size_t b, std::size_t h, Matrix dst) const { copy
 
 void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
     check_sequence(b);
-    for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {
-        if (x->data == nullptr && x->rows != 0) fail(std::string(name) + " is a null pointer");
-        if (x->batch != 1 || x->heads != kv_heads_ || x->dim != head_dim_)
-            fail(std::string(name) + " is [" + std::to_string(x->batch) + ", " + std::to_string(x->heads) + ", " +
-                 std::to_string(x->rows) + ", " + std::to_string(x->dim) + "] but must be [1, Hkv, n, d] with Hkv = " +
-                 std::to_string(kv_heads_) + " and d = " + std::to_string(head_dim_));
-    }
-    if (v.rows != k.rows) fail("v has " + std::to_string(v.rows) + " tokens but k has " + std::to_string(k.rows));
+    detail::check_appended_rows(k, v, kv_heads_, head_dim_);
     const std::size_t n = k.rows;
     if (n > capacity_ - lengths_[b])
         fail("sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) + " tokens; " + std::to_string(n) +
@@ -177,6 +170,17 @@ void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
 }
 
 namespace detail {
+
+void check_appended_rows(const ConstHeads& k, const ConstHeads& v, std::size_t kv_heads, std::size_t head_dim) {
+    for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {
+        if (x->data == nullptr && x->rows != 0) fail(std::string(name) + " is a null pointer");
+        if (x->batch != 1 || x->heads != kv_heads || x->dim != head_dim)
+            fail(std::string(name) + " is [" + std::to_string(x->batch) + ", " + std::to_string(x->heads) + ", " +
+                 std::to_string(x->rows) + ", " + std::to_string(x->dim) + "] but must be [1, Hkv, n, d] with Hkv = " +
+                 std::to_string(kv_heads) + " and d = " + std::to_string(head_dim));
+    }
+    if (v.rows != k.rows) fail("v has " + std::to_string(v.rows) + " tokens but k has " + std::to_string(k.rows));
+}
 
 template <class T>
 HeadsView<const T> KVCacheAccess::typed(const KVCache& c, bool values) {

@@ -9,6 +9,10 @@
 
 namespace mha::detail {
 
+// The rows KVCache::append and PagedKVCache::append take: k and v [1, kv_heads, n, d], the same n
+// (mha::invalid_argument naming the argument otherwise).
+void check_appended_rows(const ConstHeads& k, const ConstHeads& v, std::size_t kv_heads, std::size_t head_dim);
+
 struct KVCacheAccess {
     // The contiguous cache [B, Hkv, capacity, d]: one unblocked run per (sequence, KV head).
     static KVRows rows(const KVCache& c, bool values) noexcept {

@@ -12,6 +12,7 @@
 #include "../core/scratch.hpp"
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
+#include "kv_cache_access.hpp"
 #include "paged_kv_cache_access.hpp"
 
 namespace mha {
@@ -227,13 +228,7 @@ void PagedKVCache::free_sequence(std::size_t s) {
 
 void PagedKVCache::append(std::size_t s, const ConstHeads& k, const ConstHeads& v) {
     check_sequence(s);
-    for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {
-        if (x->data == nullptr && x->rows != 0) fail(std::string(name) + " is a null pointer");
-        if (x->batch != 1 || x->heads != pool_.kv_heads || x->dim != pool_.head_dim)
-            fail(std::string(name) + " is [" + str(x->batch) + ", " + str(x->heads) + ", " + str(x->rows) + ", " + str(x->dim) +
-                 "] but must be [1, Hkv, n, d] with Hkv = " + str(pool_.kv_heads) + " and d = " + str(pool_.head_dim));
-    }
-    if (v.rows != k.rows) fail("v has " + str(v.rows) + " tokens but k has " + str(k.rows));
+    detail::check_appended_rows(k, v, pool_.kv_heads, pool_.head_dim);
     const std::size_t n = k.rows;
     if (n == 0) return;
     const detail::StepReservation r = detail::PagedKVCacheAccess::plan_step(*this, &s, &n, 1);

@@ -232,17 +232,23 @@ struct PyKVCache {
     PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap, mha::DataType type) : cache(b, h, d, cap, type) {}
 };
 
-class CacheUse {
+// Refuses a second concurrent user of a cache (KVCache, PagedKVCache) for the guard's lifetime.
+template <class Cache>
+class InUse {
 public:
-    explicit CacheUse(PyKVCache& c) : c_(c) {
-        if (c_.busy.exchange(true)) value_error("the KVCache is in use by another call (one call at a time)");
+    InUse(Cache& c, const char* what) : c_(c) {
+        if (c_.busy.exchange(true)) value_error(std::string("the ") + what + " is in use by another call (one call at a time)");
     }
-    ~CacheUse() { c_.busy.store(false); }
-    CacheUse(const CacheUse&) = delete;
-    CacheUse& operator=(const CacheUse&) = delete;
+    ~InUse() { c_.busy.store(false); }
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
 
 private:
-    PyKVCache& c_;
+    Cache& c_;
+};
+
+struct CacheUse : InUse<PyKVCache> {
+    explicit CacheUse(PyKVCache& c) : InUse(c, "KVCache") {}
 };
 
 // ---- PagedKVCache ----------------------------------------------------------------------------------------
@@ -253,17 +259,8 @@ struct PyPagedKVCache {
     PyPagedKVCache(std::size_t n, std::size_t bs, std::size_t h, std::size_t d, mha::DataType type) : cache(n, bs, h, d, type) {}
 };
 
-class PagedUse {
-public:
-    explicit PagedUse(PyPagedKVCache& c) : c_(c) {
-        if (c_.busy.exchange(true)) value_error("the PagedKVCache is in use by another call (one call at a time)");
-    }
-    ~PagedUse() { c_.busy.store(false); }
-    PagedUse(const PagedUse&) = delete;
-    PagedUse& operator=(const PagedUse&) = delete;
-
-private:
-    PyPagedKVCache& c_;
+struct PagedUse : InUse<PyPagedKVCache> {
+    explicit PagedUse(PyPagedKVCache& c) : InUse(c, "PagedKVCache") {}
 };
 
 // Sequence s's keys or values as a float32 copy [Hkv, length, d].
