@@ -4,10 +4,12 @@
 //   shapes that take the decode, grouped and materialized paths, 1 / 2 / 3 threads, any sequence order;
 //   f32 steps against the float64 evaluation of each sequence from its own token history (decode_test_util.hpp);
 //   fork and copy-on-write, truncate / free / reuse of blocks (non-consecutive, reused ids), pool exhaustion
-//   mid-step (nothing changed), the refusals; level 2 with caller-made block tables.
+//   mid-step (nothing changed), the refusals; one StepPlan for every layer of a model (= each layer planning
+//   its own step), plans that do not fit refused; level 2 with caller-made block tables.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -459,6 +461,126 @@ TEST(PagedKVCache, ExhaustionAndBadStepsChangeNothing) {
     const std::vector<float> k(2 * 20 * d, 1.0f);
     EXPECT_THROW(c.append(a, kv_heads(k.data(), 2, 20, d), kv_heads(k.data(), 2, 20, d)), mha::invalid_argument);
     EXPECT_EQ(c.length(a), 60u);
+}
+
+// A model of three layers, each with its own paged cache, through kSteps: one StepPlan per step given to every
+// layer equals each layer planning its own step (bitwise: outputs and cached rows), for 1 and 2 threads.
+TEST(PagedKVCache, OneStepPlanServesEveryLayerOfAModel) {
+    const std::size_t E = 64, H = 8, Hkv = 2, d = 16, L = 3;
+    std::vector<DecoderLayer> layers;
+    std::vector<mha::MultiheadAttention> m;
+    for (std::size_t l = 0; l < L; ++l) {
+        layers.emplace_back(E, H, Hkv, d, mha::RopeConfig{}, true, l == 1, 931 + 10 * std::uint32_t(l));
+        m.push_back(layers.back().make());
+    }
+    const std::vector<std::vector<float>> x = token_rows(E, 55);
+    for (int threads : {1, 2}) {
+        std::vector<mha::PagedKVCache> own, shared;
+        for (std::size_t l = 0; l < L; ++l) own.emplace_back(64, 32, Hkv, d), shared.emplace_back(64, 32, Hkv, d);
+        std::vector<std::size_t> ids;
+        for (std::size_t s = 0; s < kSequences; ++s) {
+            ids.push_back(own[0].add_sequence());
+            for (std::size_t l = 0; l < L; ++l) {
+                if (l > 0) {
+                    ASSERT_EQ(own[l].add_sequence(), ids[s]);
+                }
+                ASSERT_EQ(shared[l].add_sequence(), ids[s]);
+            }
+        }
+        std::vector<std::size_t> at(kSequences, 0);
+        for (const Step& step : kSteps) {
+            std::vector<std::size_t> seq_ids, q_lens;
+            std::vector<float> h0;
+            for (const Part& p : step) {
+                seq_ids.push_back(ids[p.seq]);
+                q_lens.push_back(p.q);
+                h0.insert(h0.end(), x[p.seq].begin() + std::ptrdiff_t(at[p.seq] * E), x[p.seq].begin() + std::ptrdiff_t((at[p.seq] + p.q) * E));
+                at[p.seq] += p.q;
+            }
+            const std::size_t T = h0.size() / E;
+            std::vector<float> a = h0, b = h0, next(T * E);
+            const mha::StepPlan plan(m[0], shared[0], seq_ids.data(), q_lens.data(), seq_ids.size(), threads);
+            EXPECT_EQ(plan.tokens(), T);
+            EXPECT_EQ(plan.sequences(), step.size());
+            for (std::size_t l = 0; l < L; ++l) {
+                std::fill(next.begin(), next.end(), kNaN);
+                m[l].forward_step(mha::ConstMatrix(a.data(), T, E), mha::Matrix(next.data(), T, E), own[l], seq_ids.data(),
+                                  q_lens.data(), seq_ids.size(), threads);
+                a.swap(next);
+                std::fill(next.begin(), next.end(), kNaN);
+                m[l].forward_step(mha::ConstMatrix(b.data(), T, E), mha::Matrix(next.data(), T, E), shared[l], plan);
+                b.swap(next);
+                EXPECT_TRUE(same_bits(a, b)) << "layer " << l << ", threads " << threads;
+            }
+        }
+        for (std::size_t l = 0; l < L; ++l)
+            for (std::size_t s = 0; s < kSequences; ++s) {
+                ASSERT_EQ(shared[l].length(ids[s]), total_tokens(s));
+                EXPECT_TRUE(same_bits(paged_rows(shared[l], ids[s], 1, false), paged_rows(own[l], ids[s], 1, false)));
+                EXPECT_TRUE(same_bits(paged_rows(shared[l], ids[s], 0, true), paged_rows(own[l], ids[s], 0, true)));
+            }
+    }
+}
+
+// A plan that does not fit the layer or the cache is refused with nothing changed.
+TEST(PagedKVCache, AStepPlanThatDoesNotFitIsRefused) {
+    const std::size_t E = 64, d = 16;
+    const DecoderLayer layer(E, 8, 2, d, mha::RopeConfig{}, true, false, 941), other(E, 4, 2, d, mha::RopeConfig{}, true, false, 942);
+    const mha::MultiheadAttention m = layer.make(), wide = other.make();
+    mha::PagedKVCache c(8, 16, 2, d), taken(8, 16, 2, d), blocks32(8, 32, 2, d), heads4(8, 16, 4, d);
+    const std::size_t a = c.add_sequence(), b = c.add_sequence();
+    (void)taken.add_sequence(), (void)taken.add_sequence(), (void)blocks32.add_sequence(), (void)blocks32.add_sequence();
+    (void)heads4.add_sequence();
+    (void)step_rows(m, c, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
+    (void)step_rows(m, taken, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
+    (void)step_rows(m, blocks32, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
+    const std::vector<std::size_t> ids = {b, a}, q = {1, 3};
+    const mha::StepPlan plan(m, c, ids.data(), q.data(), 2);
+    const std::vector<float> x = uniform(4 * E, 1.0f, 8);
+    auto refused = [&](const mha::MultiheadAttention& layer_, mha::PagedKVCache& cache, std::size_t T, const std::string& words) {
+        const std::size_t free_before = cache.free_blocks();
+        auto length_or_none = [&](std::size_t s) {  // a freed sequence: none
+            try {
+                return cache.length(s);
+            } catch (const mha::invalid_argument&) {
+                return SIZE_MAX;
+            }
+        };
+        const std::size_t la = length_or_none(a), lb = length_or_none(b);
+        std::vector<float> y(T * E, 7.0f);
+        try {
+            layer_.forward_step(mha::ConstMatrix(x.data(), T, E), mha::Matrix(y.data(), T, E), cache, plan);
+            ADD_FAILURE() << "accepted: " << words;
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
+        EXPECT_EQ(cache.free_blocks(), free_before);
+        EXPECT_EQ(length_or_none(a), la);
+        EXPECT_EQ(length_or_none(b), lb);
+    };
+    refused(wide, c, 4, "the step plan was made for a layer of embed_dim 64, 8 heads");
+    refused(m, c, 3, "T = sum of q_lens");
+    refused(m, blocks32, 4, "made for blocks of 16 tokens but this cache has blocks of 32");
+    refused(m, heads4, 4, "holds 4 KV heads of dim 16");
+    // The plan serves one step: once a cache took it, that cache is past it.
+    std::vector<float> y(4 * E);
+    m.forward_step(mha::ConstMatrix(x.data(), 4, E), mha::Matrix(y.data(), 4, E), taken, plan);
+    EXPECT_EQ(taken.length(a), 23u);
+    refused(m, taken, 4, "the step plan was made for sequence 1 at 10 tokens but this cache holds 11");
+    // A sequence the plan names, freed in this cache.
+    taken.free_sequence(b);
+    refused(m, taken, 4, "the step plan's sequence 1 is not in this paged KV cache");
+    // A moved-from plan.
+    mha::StepPlan moved = mha::StepPlan(m, c, ids.data(), q.data(), 2);
+    const mha::StepPlan into = std::move(moved);
+    EXPECT_EQ(into.tokens(), 4u);
+    EXPECT_THROW(m.forward_step(mha::ConstMatrix(x.data(), 4, E), mha::Matrix(y.data(), 4, E), c, moved), mha::invalid_argument);
+    // Planning validates as forward_step does.
+    const std::vector<std::size_t> zero = {1, 0};
+    EXPECT_THROW((void)mha::StepPlan(m, c, ids.data(), zero.data(), 2), mha::invalid_argument);
+    EXPECT_THROW((void)mha::StepPlan(m, heads4, ids.data(), q.data(), 1), mha::invalid_argument);
+    EXPECT_THROW((void)mha::StepPlan(m, c, ids.data(), q.data(), 2, -1), mha::invalid_argument);
 }
 
 TEST(PagedKVCache, ConstructionAndAppendChecks) {

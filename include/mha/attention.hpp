@@ -36,6 +36,7 @@ namespace mha {
 
 class KVCache;       // mha/kv_cache.hpp
 class PagedKVCache;  // mha/paged_kv_cache.hpp
+class StepPlan;      // mha/step_plan.hpp
 namespace detail {
 struct LayerState;  // what a MultiheadAttention owns (weights, packed weights); defined in lib/attention
 }  // namespace detail
@@ -268,6 +269,11 @@ public:
     // the step succeeds. Results are batch invariant (see mha/paged_kv_cache.hpp). threads: 0 = all cores.
     void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
                       const std::size_t* q_lens, std::size_t sequences, int threads = 0) const;
+    // The same step given its plan (mha/step_plan.hpp), made once for all layers of a model: the sequences
+    // are the plan's, x and y [plan.tokens(), E]. Also refused (nothing changed): a plan made for a layer of
+    // another configuration, or for a cache state this cache is not in (another block size, KV heads or head
+    // dim, a sequence missing or at another length: e.g. this cache already took the step).
+    void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan) const;
     // The same computations on 16-bit activations (HalfAttentionInputs above); the cache overload appends the
     // new tokens as the fp32 one does.
     void forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& options = {}) const;
@@ -296,6 +302,7 @@ public:
 private:
     void run(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, Workspace* workspace,
              KVCache* cache = nullptr) const;
+    friend class StepPlan;  // plans from the layer's configuration
     std::unique_ptr<detail::LayerState> state_;
 };
 

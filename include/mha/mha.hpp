@@ -8,6 +8,7 @@
 #include "mha/kv_cache.hpp"
 #include "mha/paged_kv_cache.hpp"
 #include "mha/sdpa.hpp"
+#include "mha/step_plan.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"
 

@@ -15,10 +15,12 @@
 #include "mha/attention.hpp"
 #include "mha/kv_cache.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/step_plan.hpp"
 #include "paged_kv_cache_access.hpp"
 #include "rope.hpp"
 #include "simd_attention.hpp"
 #include "state.hpp"
+#include "step_forward.hpp"
 #include "validate_call.hpp"
 
 namespace mha {
@@ -272,16 +274,23 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
 
 void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
                                       const std::size_t* q_lens, std::size_t sequences, int threads) const {
+    const StepPlan plan(*this, cache, seq_ids, q_lens, sequences, threads);
+    forward_step(x, y, cache, plan);
+}
+
+void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan) const {
     const detail::LayerState& st = state_of(state_);
-    if (st.kdim != st.E || st.vdim != st.E)
-        fail("forward_step needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
-             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
-    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
+    if (!plan.data_) fail("the step plan was moved from");
+    const detail::StepPlanData& p = *plan.data_;
+    if (!(detail::StepLayerShape::of(st) == p.layer))
+        fail("the step plan was made for a layer of embed_dim " + std::to_string(p.layer.E) + ", " + std::to_string(p.layer.H) +
+             " heads, " + std::to_string(p.layer.Hkv) + " KV heads of dim " + std::to_string(p.layer.d) + " (RoPE dims " +
+             std::to_string(p.layer.rope_dims) + ", compute " + std::string(data_type_name(p.layer.compute)) +
+             "): this layer differs");
+    if (cache.kv_heads() != p.kv_heads || cache.head_dim() != p.head_dim)
         fail("the paged cache holds " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
              " but this layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
-    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
-    const detail::StepReservation r = detail::PagedKVCacheAccess::plan_step(cache, seq_ids, q_lens, sequences);
-    const std::size_t T = r.query_starts[sequences];
+    const std::size_t T = plan.tokens();
     if (x.rows != T || x.cols != st.E)
         fail("x is " + detail::shape_str(x.rows, x.cols) + " but must be [T, E] = " + detail::shape_str(T, st.E) + " (T = sum of q_lens)");
     if (y.rows != T || y.cols != st.E)
@@ -289,9 +298,33 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
     detail::check_matrix("x", x);
     detail::check_matrix("y", y);
     if (detail::overlaps(x, y)) fail("y overlaps x");
-    if (y.stride < y.cols) fail("y rows overlap each other");
-    simd_forward_step(st, x, y, cache, r, threads);
+    const detail::StepReservation r = detail::PagedKVCacheAccess::reserve_step(cache, p.step);
+    simd_forward_step(st, p.layout, x, y, cache, r);
 }
+
+StepPlan::StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids, const std::size_t* q_lens,
+                   std::size_t sequences, int threads) {
+    const detail::LayerState& st = state_of(layer.state_);
+    if (st.kdim != st.E || st.vdim != st.E)
+        fail("forward_step needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
+             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
+    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
+        fail("the paged cache holds " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
+             " but this layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
+    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+    auto data = std::make_unique<detail::StepPlanData>();
+    data->layer = detail::StepLayerShape::of(st);
+    data->kv_heads = cache.kv_heads(), data->head_dim = cache.head_dim();
+    data->step = detail::PagedKVCacheAccess::compose_step(cache, seq_ids, q_lens, sequences);
+    data->layout = detail::step_layout(st, data->step, threads);
+    data_ = std::move(data);
+}
+
+StepPlan::~StepPlan() = default;
+StepPlan::StepPlan(StepPlan&& other) noexcept = default;
+StepPlan& StepPlan::operator=(StepPlan&& other) noexcept = default;
+std::size_t StepPlan::sequences() const noexcept { return data_ ? data_->step.sequences : 0; }
+std::size_t StepPlan::tokens() const noexcept { return data_ ? data_->step.query_starts[data_->step.sequences] : 0; }
 
 std::string_view attention_path_name(AttentionPath path) noexcept {
     switch (path) {

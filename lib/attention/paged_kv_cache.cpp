@@ -45,13 +45,14 @@ KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tabl
     return r;
 }
 
-StepReservation PagedKVCacheAccess::plan_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens,
-                                               std::size_t n) {
+StepComposition PagedKVCacheAccess::compose_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens,
+                                                 std::size_t n) {
     if (n == 0) fail("a step needs at least one sequence");
     if (ids == nullptr || q_lens == nullptr) fail("seq_ids and q_lens must not be null");
     const std::size_t bs = c.pool_.block_size;
-    StepReservation r;
+    StepComposition r;
     r.sequences = n;
+    r.block_size = bs;
     r.ids.assign(ids, ids + n);
     r.query_starts.assign(n + 1, 0);
     r.key_lengths.assign(n, 0);
@@ -59,43 +60,61 @@ StepReservation PagedKVCacheAccess::plan_step(const PagedKVCache& c, const std::
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t i = 0; i + 1 < n; ++i)
         if (sorted[i] == sorted[i + 1]) fail("sequence " + str(sorted[i]) + " appears twice in one step");
-    std::size_t needed = 0;
     for (std::size_t i = 0; i < n; ++i) {
         c.check_sequence(ids[i]);
         if (q_lens[i] == 0) fail("q_lens[" + str(i) + "] is 0: every sequence of a step has at least one new token");
-        const PagedKVCache::Sequence& s = c.seqs_[ids[i]];
-        const std::size_t len = s.length;
+        const std::size_t len = c.seqs_[ids[i]].length;
         if (q_lens[i] > SIZE_MAX / 2 - len) fail("q_lens[" + str(i) + "] is too large");
         r.key_lengths[i] = len + q_lens[i];
         r.query_starts[i + 1] = r.query_starts[i] + q_lens[i];
         if (r.query_starts[i + 1] < r.query_starts[i]) fail("the step's token count overflows");
-        const bool cow = len % bs != 0 && c.refs_[s.blocks.back()] > 1;
-        needed += blocks_for(r.key_lengths[i], bs) - blocks_for(len, bs) + (cow ? 1 : 0);
         r.table_stride = std::max(r.table_stride, blocks_for(r.key_lengths[i], bs));
+    }
+    return r;
+}
+
+StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const StepComposition& step) {
+    const std::size_t bs = c.pool_.block_size, n = step.sequences;
+    if (bs != step.block_size)
+        fail("the step plan was made for blocks of " + str(step.block_size) + " tokens but this cache has blocks of " + str(bs));
+    std::size_t needed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t id = step.ids[i], q = step.query_starts[i + 1] - step.query_starts[i], past = step.key_lengths[i] - q;
+        if (id >= c.seqs_.size() || !c.seqs_[id].live)
+            fail("the step plan's sequence " + str(id) + " is not in this paged KV cache");
+        const PagedKVCache::Sequence& s = c.seqs_[id];
+        if (s.length != past)
+            fail("the step plan was made for sequence " + str(id) + " at " + str(past) + " tokens but this cache holds " +
+                 str(s.length) + " (a plan serves one step, in caches that took the same steps)");
+        const bool cow = past % bs != 0 && c.refs_[s.blocks.back()] > 1;
+        needed += blocks_for(step.key_lengths[i], bs) - blocks_for(past, bs) + (cow ? 1 : 0);
     }
     if (needed > c.free_.size())
         fail("the paged KV cache has " + str(c.free_.size()) + " free blocks but this step needs " + str(needed) + " (" +
              str(c.pool_.num_blocks) + " blocks of " + str(bs) + " tokens in all)");
-    r.tables.assign(detail::scratch_mul(n, r.table_stride), 0);
+    StepReservation r;
+    r.step = &step;
+    r.tables.assign(detail::scratch_mul(n, step.table_stride), 0);
     std::size_t next = c.free_.size();  // blocks are taken from the top of the stack down
     for (std::size_t i = 0; i < n; ++i) {
-        const PagedKVCache::Sequence& s = c.seqs_[ids[i]];
-        std::uint32_t* t = r.tables.data() + i * r.table_stride;
+        const PagedKVCache::Sequence& s = c.seqs_[step.ids[i]];
+        std::uint32_t* t = r.tables.data() + i * step.table_stride;
         std::copy(s.blocks.begin(), s.blocks.end(), t);
         if (s.length % bs != 0 && c.refs_[s.blocks.back()] > 1) {
             const std::uint32_t copy = c.free_[--next];
             r.copies.emplace_back(s.blocks.back(), copy);
             t[s.blocks.size() - 1] = copy;
         }
-        for (std::size_t b = s.blocks.size(); b < blocks_for(r.key_lengths[i], bs); ++b) t[b] = c.free_[--next];
+        for (std::size_t b = s.blocks.size(); b < blocks_for(step.key_lengths[i], bs); ++b) t[b] = c.free_[--next];
     }
     r.blocks_taken = c.free_.size() - next;
     return r;
 }
 
 void PagedKVCacheAccess::prepare_step(PagedKVCache& c, const StepReservation& r) {
-    for (std::size_t i = 0; i < r.sequences; ++i)  // the tables' growth allocated now (a throw changes nothing)
-        c.seqs_[r.ids[i]].blocks.reserve(blocks_for(r.key_lengths[i], c.pool_.block_size));
+    const StepComposition& step = *r.step;
+    for (std::size_t i = 0; i < step.sequences; ++i)  // the tables' growth allocated now (a throw changes nothing)
+        c.seqs_[step.ids[i]].blocks.reserve(blocks_for(step.key_lengths[i], c.pool_.block_size));
     const std::size_t block_bytes = c.pool_.kv_heads * c.pool_.block_size * c.pool_.head_dim * element_format(c.pool_.element).bytes;
     for (const auto& [from, to] : r.copies) {
         auto* k = static_cast<unsigned char*>(c.pool_.keys);
@@ -112,12 +131,13 @@ void PagedKVCacheAccess::commit_step(PagedKVCache& c, const StepReservation& r) 
         c.free_.pop_back();
     }
     for (const auto& copy : r.copies) c.release(copy.first);
-    for (std::size_t i = 0; i < r.sequences; ++i) {
-        PagedKVCache::Sequence& s = c.seqs_[r.ids[i]];
-        const std::uint32_t* t = r.tables.data() + i * r.table_stride;
+    const StepComposition& step = *r.step;
+    for (std::size_t i = 0; i < step.sequences; ++i) {
+        PagedKVCache::Sequence& s = c.seqs_[step.ids[i]];
+        const std::uint32_t* t = r.tables.data() + i * step.table_stride;
         // Within the capacity prepare_step reserved: no allocation.
-        s.blocks.assign(t, t + blocks_for(r.key_lengths[i], bs));
-        s.length = r.key_lengths[i];
+        s.blocks.assign(t, t + blocks_for(step.key_lengths[i], bs));
+        s.length = step.key_lengths[i];
     }
 }
 
@@ -231,7 +251,8 @@ void PagedKVCache::append(std::size_t s, const ConstHeads& k, const ConstHeads& 
     detail::check_appended_rows(k, v, pool_.kv_heads, pool_.head_dim);
     const std::size_t n = k.rows;
     if (n == 0) return;
-    const detail::StepReservation r = detail::PagedKVCacheAccess::plan_step(*this, &s, &n, 1);
+    const detail::StepComposition step = detail::PagedKVCacheAccess::compose_step(*this, &s, &n, 1);
+    const detail::StepReservation r = detail::PagedKVCacheAccess::reserve_step(*this, step);
     detail::PagedKVCacheAccess::prepare_step(*this, r);
     const detail::KVRows keys = detail::PagedKVCacheAccess::keys(*this, r), values = detail::PagedKVCacheAccess::values(*this, r);
     const std::size_t len = seqs_[s].length;

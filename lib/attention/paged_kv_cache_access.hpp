@@ -1,8 +1,10 @@
 // The library's side of mha::PagedKVCache: a pool as KVRows (blocked: kv_rows.hpp), and a step's block
 // reservation, planned without changing the cache, then committed once the step succeeded:
-//   plan_step: for each sequence of the step its new length, the blocks it needs (new blocks for rows past
-//     its last block; a copy of its last block when that block is shared with a fork and the step writes into
-//     it), its dense block table; mha::invalid_argument naming blocks needed and free when the pool lacks them;
+//   compose_step: what the step is (ids, q_i, key lengths), validated against the cache; the same for every
+//     cache holding those sequences at those lengths (the caches of a model's layers; mha::StepPlan keeps it);
+//   reserve_step: for one cache, each sequence's blocks (new blocks for rows past its last block; a copy of
+//     its last block when that block is shared with a fork and the step writes into it) and its dense block
+//     table; mha::invalid_argument naming blocks needed and free when the pool lacks them;
 //   prepare_step: grows the tables' capacity, copies the shared blocks' rows into their private copies (free
 //     blocks: nothing visible);
 //   commit_step: the tables, lengths, reference counts and free list.
@@ -21,24 +23,31 @@ namespace mha::detail {
 // A pool's K or V rows; block_table / table_stride set per use.
 KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tables, std::size_t table_stride) noexcept;
 
+struct StepComposition {
+    std::size_t sequences = 0, table_stride = 0, block_size = 0;
+    std::vector<std::size_t> ids, query_starts, key_lengths;  // [n], [n + 1], [n]: key lengths after the step
+};
+
 struct StepReservation {
-    std::size_t sequences = 0, table_stride = 0;
-    std::vector<std::size_t> ids, query_starts, key_lengths;  // [n], [n + 1], [n]
-    std::vector<std::uint32_t> tables;                         // [n, table_stride]
+    const StepComposition* step = nullptr;  // what it reserves for (outlives the reservation)
+    std::vector<std::uint32_t> tables;      // [n, table_stride]
     std::vector<std::pair<std::uint32_t, std::uint32_t>> copies;  // (shared block, its private copy)
     std::size_t blocks_taken = 0;                               // from the top of the free stack
 };
 
 struct PagedKVCacheAccess {
-    // Validates ids (live, distinct) and q_lens (>= 1), then reserves. Changes nothing.
-    static StepReservation plan_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens, std::size_t n);
+    // Validates ids (live, distinct) and q_lens (>= 1). Changes nothing.
+    static StepComposition compose_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens, std::size_t n);
+    // Checks that c has s's block size and holds each of its sequences at its length before the step, then
+    // reserves (a pool short of blocks: mha::invalid_argument). Changes nothing.
+    static StepReservation reserve_step(const PagedKVCache& c, const StepComposition& s);
     static void prepare_step(PagedKVCache& c, const StepReservation& r);  // std::bad_alloc: nothing changed
     static void commit_step(PagedKVCache& c, const StepReservation& r) noexcept;
     static KVRows keys(const PagedKVCache& c, const StepReservation& r) noexcept {
-        return pool_rows(c.pool_, false, r.tables.data(), r.table_stride);
+        return pool_rows(c.pool_, false, r.tables.data(), r.step->table_stride);
     }
     static KVRows values(const PagedKVCache& c, const StepReservation& r) noexcept {
-        return pool_rows(c.pool_, true, r.tables.data(), r.table_stride);
+        return pool_rows(c.pool_, true, r.tables.data(), r.step->table_stride);
     }
 };
 

@@ -8,13 +8,14 @@
 
 namespace mha::detail {
 
-StepLayout step_layout(const LayerState& st, const ConstMatrix& x, const Matrix& y, const StepReservation& r, int threads) {
+StepLayout step_layout(const LayerState& st, const StepComposition& r, int threads) {
     StepLayout l;
-    const std::size_t T = x.rows, n = r.sequences;
+    const std::size_t n = r.sequences, T = r.query_starts[n];
     LayerCall& c = l.call;
-    c.in.query = ConstBatch(x.data, 1, T, st.E, x.stride, T * x.stride);
+    // Unbound views with a stride past E: the layout then holds the gathering region a strided x needs.
+    c.in.query = ConstBatch(nullptr, 1, T, st.E, st.E + 1, T * (st.E + 1));
     c.in.key = c.in.value = c.in.query;
-    c.out.output = Batch(y.data, 1, T, st.E, y.stride, T * y.stride);
+    c.out.output = Batch(nullptr, 1, T, st.E, st.E, T * st.E);
     c.opt.norm_eps = st.norm_eps;
     c.opt.threads = threads;
     c.B = 1, c.Lq = T, c.Lk = T, c.core_keys = T;
@@ -29,7 +30,7 @@ StepLayout step_layout(const LayerState& st, const ConstMatrix& x, const Matrix&
     }
     struct Args {
         const LayerState& st;
-        const StepReservation& r;
+        const StepComposition& r;
         PagedCoreLayout& core;
     } args{st, r, l.core};
     l.scratch = scratch_layout(st, c, [](void* ctx, Carver& call, Carver& slot) {
@@ -40,9 +41,10 @@ StepLayout step_layout(const LayerState& st, const ConstMatrix& x, const Matrix&
     return l;
 }
 
-void run_step(const LayerState& st, const StepLayout& l, float* scratch, const KVRows& keys, const KVRows& values,
-              const StepReservation& r) {
-    const LayerForward layer(st, l.call, l.scratch, scratch, nullptr, l.positions.data());
+void run_step(const LayerState& st, const StepLayout& l, const LayerCall& call, float* scratch, const KVRows& keys,
+              const KVRows& values, const StepReservation& reservation) {
+    const StepComposition& r = *reservation.step;
+    const LayerForward layer(st, call, l.scratch, scratch, nullptr, l.positions.data());
     layer.project_inputs();
     const std::size_t d = st.d, Hkv = st.Hkv, H = st.H, n = r.sequences;
     const Batch &Q = layer.queries(), &K = layer.keys(), &V = layer.values(), &C = layer.context();

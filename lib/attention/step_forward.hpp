@@ -3,9 +3,11 @@
 // projections as one batch of T rows, each row rotated at its own sequence's position), their K / V rows
 // written into the blocks the step reserved, the paged core (paged_core.hpp) on the Q and context views,
 // then the output projection (LayerForward's, with the post-norm).
+// The plan (mha::StepPlan's data) is everything that depends on the step and the layer's configuration only;
+// a forward binds it to x, y and one cache's reservation.
 // Batch invariance: a row's projections do not depend on the rows beside it (the GEMM's k-order is fixed per
 // element; rows are not split across tasks), and the core is per sequence (paged_core.hpp).
-// Preconditions: validated by MultiheadAttention::forward_step; r = PagedKVCacheAccess::plan_step's.
+// Preconditions: validated by MultiheadAttention::forward_step; r reserved for the plan's step.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -16,16 +18,35 @@
 
 namespace mha::detail {
 
+// What of a layer's configuration a plan's layout depends on.
+struct StepLayerShape {
+    std::size_t E = 0, H = 0, Hkv = 0, d = 0, rope_dims = 0;
+    DataType compute = DataType::f32;
+    static StepLayerShape of(const LayerState& st) noexcept {
+        return {st.E, st.H, st.Hkv, st.d, st.rope ? st.rope->dims : 0, st.compute};
+    }
+    bool operator==(const StepLayerShape& o) const noexcept {
+        return E == o.E && H == o.H && Hkv == o.Hkv && d == o.d && rope_dims == o.rope_dims && compute == o.compute;
+    }
+};
+
 struct StepLayout {
-    LayerCall call;                      // B = 1, Lq = Lk = T, self-attention, no cache
+    LayerCall call;                      // B = 1, Lq = Lk = T, self-attention, no cache; x and y not bound
     std::vector<std::size_t> positions;  // [T]: each token's position in its sequence
     PagedCoreLayout core;
-    ScratchLayout scratch;
+    ScratchLayout scratch;  // sized for x read in place or gathered (any stride)
 };
-StepLayout step_layout(const LayerState& st, const ConstMatrix& x, const Matrix& y, const StepReservation& r, int threads);
+StepLayout step_layout(const LayerState& st, const StepComposition& step, int threads);
 
-// Everything but the commit (inside the arena the layout's slots were sized for).
-void run_step(const LayerState& st, const StepLayout& l, float* scratch, const KVRows& keys, const KVRows& values,
-              const StepReservation& r);
+struct StepPlanData {
+    StepLayerShape layer;
+    std::size_t kv_heads = 0, head_dim = 0;  // of the cache it was made on
+    StepComposition step;
+    StepLayout layout;
+};
+
+// Everything but the commit (inside the arena the layout's slots were sized for); call = layout.call bound to x, y.
+void run_step(const LayerState& st, const StepLayout& l, const LayerCall& call, float* scratch, const KVRows& keys,
+              const KVRows& values, const StepReservation& r);
 
 }  // namespace mha::detail

@@ -6,6 +6,8 @@
     mha.PagedKVCache(num_blocks, block_size, kv_heads, head_dim, dtype='f32')   serving: blocks shared by many
         sequences; s = cache.add_sequence(); y, _ = layer(x, cache=cache, seq_ids=[s, ...], q_lens=[...]) with
         x [sum(q_lens), E]: prefill chunks and decode tokens of many sequences in one call
+    mha.StepPlan(layer, cache, seq_ids, q_lens)         one step planned once for every layer of a model:
+        layer_l(x, cache=cache_l, plan=plan)
     mha.torch                                           torch.nn.MultiheadAttention drop-in (needs torch)
 
 Arrays are float32 and read in place when their last axis is contiguous (any other strides, e.g. the
@@ -16,7 +18,7 @@ library computes. Inference only (no dropout, no gradients).
 import numpy as _np
 
 from . import _mha
-from ._mha import KVCache, PagedKVCache, detected_isa, input_copies
+from ._mha import KVCache, PagedKVCache, StepPlan, detected_isa, input_copies
 
 def __getattr__(name):
     # mha.torch and mha.bench import torch: loaded on first use, so `import mha` stays light.
@@ -26,7 +28,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
-__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "PagedKVCache", "detected_isa", "input_copies"]
+__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "PagedKVCache", "StepPlan", "detected_isa", "input_copies"]
 
 
 class MultiheadAttention(_mha.MultiheadAttention):

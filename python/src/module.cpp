@@ -399,22 +399,39 @@ std::vector<std::size_t> positions_of(py::handle h) {
     return out;
 }
 
+// A StepPlan (mha/step_plan.hpp): made once per step, given to every layer's call with plan=.
+struct PyStepPlan {
+    mha::StepPlan plan;
+};
+
 py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                         bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
-                        const std::string& impl, py::handle out, py::handle cache_arg, py::handle seq_ids, py::handle q_lens) {
+                        const std::string& impl, py::handle out, py::handle cache_arg, py::handle seq_ids, py::handle q_lens,
+                        py::handle plan_arg) {
+    if (!plan_arg.is_none() && !py::isinstance<PyStepPlan>(plan_arg)) type_error("plan must be a StepPlan, got " + type_name(plan_arg));
+    if (!plan_arg.is_none() && (cache_arg.is_none() || !py::isinstance<PyPagedKVCache>(cache_arg)))
+        value_error("plan needs cache=PagedKVCache");
     if (!cache_arg.is_none() && py::isinstance<PyPagedKVCache>(cache_arg)) {
-        // A serving step: x [T, E] float32, the next q_lens[i] tokens of sequence seq_ids[i], packed.
-        if (seq_ids.is_none() || q_lens.is_none()) value_error("a PagedKVCache step needs seq_ids and q_lens");
+        // A serving step: x [T, E] float32, the next q_lens[i] tokens of sequence seq_ids[i], packed; or the
+        // sequences of a StepPlan made once for every layer.
+        const PyStepPlan* plan = plan_arg.is_none() ? nullptr : &plan_arg.cast<const PyStepPlan&>();
+        if (plan != nullptr && (!seq_ids.is_none() || !q_lens.is_none()))
+            value_error("give seq_ids and q_lens, or a plan (which holds them), not both");
+        if (plan != nullptr && threads != 0) value_error("threads come from the plan (StepPlan(..., threads=N))");
+        if (plan == nullptr && (seq_ids.is_none() || q_lens.is_none())) value_error("a PagedKVCache step needs seq_ids and q_lens");
         if (!key.is_none() && !key.is(query)) value_error("key must be None with a PagedKVCache (the cache holds the keys)");
         if (!value.is_none() && !value.is(query)) value_error("value must be None with a PagedKVCache");
         if (!key_padding_mask.is_none() || !attn_mask.is_none() || need_weights || !positions.is_none() || position_offset != 0)
             value_error("masks, need_weights and positions do not apply to a PagedKVCache step (causal over each sequence's keys)");
         const py::array x = float_input(query, "query", 2, 2);
-        const std::vector<std::size_t> ids = sizes_of(seq_ids, "seq_ids"), ql = sizes_of(q_lens, "q_lens");
-        if (ids.size() != ql.size())
-            value_error("seq_ids has " + std::to_string(ids.size()) + " entries but q_lens has " + std::to_string(ql.size()));
+        std::vector<std::size_t> ids, ql;
+        if (plan == nullptr) {
+            ids = sizes_of(seq_ids, "seq_ids"), ql = sizes_of(q_lens, "q_lens");
+            if (ids.size() != ql.size())
+                value_error("seq_ids has " + std::to_string(ids.size()) + " entries but q_lens has " + std::to_string(ql.size()));
+        }
         const std::size_t T = dim(x, 0), E = self.layer.embed_dim();
         const std::vector<py::ssize_t> oshape = {static_cast<py::ssize_t>(T), static_cast<py::ssize_t>(E)};
         py::array o;
@@ -430,7 +447,10 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
         {
             PagedUse use(pc);
             py::gil_scoped_release release;
-            self.layer.forward_step(xv, ov, pc.cache, ids.data(), ql.data(), ids.size(), th);
+            if (plan != nullptr)
+                self.layer.forward_step(xv, ov, pc.cache, plan->plan);
+            else
+                self.layer.forward_step(xv, ov, pc.cache, ids.data(), ql.data(), ids.size(), th);
         }
         return py::make_tuple(o, py::none());
     }
@@ -629,18 +649,20 @@ PYBIND11_MODULE(_mha, m) {
                         bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
-                        const std::string& impl, py::handle out, py::handle cache, py::handle seq_ids, py::handle q_lens) {
+                        const std::string& impl, py::handle out, py::handle cache, py::handle seq_ids, py::handle q_lens,
+                        py::handle plan) {
         return layer_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                              is_causal, batch_first, causal_alignment, position_offset, positions, norm_eps, threads,
-                             backend, impl, out, cache, seq_ids, q_lens);
+                             backend, impl, out, cache, seq_ids, q_lens, plan);
     };
     const char* fwd_doc =
         "forward(query, key=None, value=None, key_padding_mask=None, need_weights=False, attn_mask=None,\n"
         "        average_attn_weights=True, is_causal=False, *, batch_first=True, causal_alignment='top_left',\n"
         "        position_offset=0, positions=None, norm_eps=None, threads=0, backend='simd', impl='auto', out=None,\n"
-        "        cache=None, seq_ids=None, q_lens=None) -> (output, weights or None)\n"
+        "        cache=None, seq_ids=None, q_lens=None, plan=None) -> (output, weights or None)\n"
         "With cache=PagedKVCache: query [T, E] float32 holds the next q_lens[i] tokens of sequence seq_ids[i], packed\n"
-        "in that order (T = sum(q_lens)); returns (y [T, E], None).";
+        "in that order (T = sum(q_lens)); returns (y [T, E], None). plan=StepPlan(...) instead of seq_ids and q_lens:\n"
+        "the step planned once for every layer of a model.";
     for (const char* name : {"forward", "__call__"}) {
         layer_cls.def(name, fwd, fwd_doc, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
                       py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = false,
@@ -649,7 +671,8 @@ PYBIND11_MODULE(_mha, m) {
                       py::arg("causal_alignment") = "top_left", py::arg("position_offset") = 0,
                       py::arg("positions") = py::none(), py::arg("norm_eps") = py::none(), py::arg("threads") = 0,
                       py::arg("backend") = "simd", py::arg("impl") = "auto", py::arg("out") = py::none(),
-                      py::arg("cache") = py::none(), py::arg("seq_ids") = py::none(), py::arg("q_lens") = py::none());
+                      py::arg("cache") = py::none(), py::arg("seq_ids") = py::none(), py::arg("q_lens") = py::none(),
+                      py::arg("plan") = py::none());
     }
 
     m.def("_sdpa", &sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask"),
@@ -727,4 +750,20 @@ PYBIND11_MODULE(_mha, m) {
              "Sequence s's keys, a float32 copy [Hkv, length, d].")
         .def("values", [](const PyPagedKVCache& c, std::size_t s) { return paged_rows(c, s, true); }, py::arg("s"),
              "Sequence s's values, a float32 copy [Hkv, length, d].");
+
+    py::class_<PyStepPlan>(m, "StepPlan",
+                           "StepPlan(layer, cache, seq_ids, q_lens, *, threads=0): one serving step (sequences seq_ids with\n"
+                           "q_lens new tokens each, as cache holds them now) planned once; give it to every layer of a model\n"
+                           "as layer(x, cache=cache_of_that_layer, plan=plan). Each layer's cache must hold the sequences at\n"
+                           "the lengths they have in `cache` now (ValueError otherwise, nothing changed); a plan serves one step.")
+        .def(py::init([](const PyLayer& layer, const PyPagedKVCache& cache, py::handle seq_ids, py::handle q_lens, int threads) {
+                 const std::vector<std::size_t> ids = sizes_of(seq_ids, "seq_ids"), ql = sizes_of(q_lens, "q_lens");
+                 if (ids.size() != ql.size())
+                     value_error("seq_ids has " + std::to_string(ids.size()) + " entries but q_lens has " + std::to_string(ql.size()));
+                 const int th = parse_threads(threads);
+                 return std::unique_ptr<PyStepPlan>(new PyStepPlan{mha::StepPlan(layer.layer, cache.cache, ids.data(), ql.data(), ids.size(), th)});
+             }),
+             py::arg("layer"), py::arg("cache"), py::arg("seq_ids"), py::arg("q_lens"), py::kw_only(), py::arg("threads") = 0)
+        .def_property_readonly("sequences", [](const PyStepPlan& p) { return p.plan.sequences(); })
+        .def_property_readonly("tokens", [](const PyStepPlan& p) { return p.plan.tokens(); });
 }

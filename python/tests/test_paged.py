@@ -132,3 +132,41 @@ def test_errors_change_nothing():
         mha.PagedKVCache(4, 24, Hkv, d)
     with pytest.raises(ValueError, match="dtype"):
         mha.PagedKVCache(4, 16, Hkv, d, dtype="f64")
+
+
+def test_one_step_plan_for_every_layer():
+    """A two-layer model, a cache per layer: one StepPlan per step given to both layers equals each layer
+    planning its own step (bitwise); a plan used twice on one cache, or with the wrong arguments, is refused."""
+    E, H, Hkv, d = 32, 4, 2, 8
+    layers = [make_layer(E, H, Hkv, d)[0] for _ in range(2)]
+    own = [mha.PagedKVCache(16, 16, Hkv, d) for _ in layers]
+    shared = [mha.PagedKVCache(16, 16, Hkv, d) for _ in layers]
+    ids = [[c.add_sequence() for _ in range(2)] for c in own + shared]
+    assert all(i == ids[0] for i in ids)
+    a, b = ids[0]
+    for step in [([a, b], [12, 5]), ([b, a], [1, 1]), ([a, b], [3, 1])]:
+        x = rand(sum(step[1]), E)
+        plan = mha.StepPlan(layers[0], shared[0], step[0], step[1], threads=1)
+        assert plan.tokens == x.shape[0] and plan.sequences == 2
+        h_own, h_plan = x, x
+        for layer, c_own, c_shared in zip(layers, own, shared):
+            h_own, _ = layer(h_own, cache=c_own, seq_ids=step[0], q_lens=step[1], threads=1)
+            h_plan, _ = layer(h_plan, cache=c_shared, plan=plan)
+            np.testing.assert_array_equal(h_plan, h_own)
+        with pytest.raises(ValueError, match="a plan serves one step"):
+            layers[0](x, cache=shared[0], plan=plan)
+    for c_own, c_shared in zip(own, shared):
+        for s in (a, b):
+            np.testing.assert_array_equal(c_shared.keys(s), c_own.keys(s))
+    plan = mha.StepPlan(layers[0], shared[0], [a], [1])
+    with pytest.raises(ValueError, match="not both"):
+        layers[0](rand(1, E), cache=shared[0], plan=plan, seq_ids=[a], q_lens=[1])
+    with pytest.raises(ValueError, match="sum of q_lens"):
+        layers[0](rand(2, E), cache=shared[0], plan=plan)
+    with pytest.raises(ValueError, match="needs cache=PagedKVCache"):
+        layers[0](rand(1, E), plan=plan)
+    with pytest.raises(TypeError, match="plan must be a StepPlan"):
+        layers[0](rand(1, E), cache=shared[0], plan="plan")
+    with pytest.raises(ValueError, match="q_lens\\[0\\] is 0"):
+        mha.StepPlan(layers[0], shared[0], [a], [0])
+    assert shared[0].length(a) == own[0].length(a)
