@@ -269,6 +269,17 @@ public:
     // the step succeeds. Results are batch invariant (see mha/paged_kv_cache.hpp). threads: 0 = all cores.
     void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
                       const std::size_t* q_lens, std::size_t sequences, int threads = 0) const;
+    // A batch of independent sequences of different lengths without padding or a cache (flash-attention's
+    // varlen call; mha.torch runs nested tensors here): x [T, E] holds sequence i's tokens at rows
+    // [seq_starts[i], seq_starts[i + 1]) for i < sequences (seq_starts [sequences + 1]: 0 = seq_starts[0] <=
+    // seq_starts[1] <= ... = T; empty sequences allowed); y [T, E] (not overlapping x) gets the outputs. The
+    // layer must be self-attention (kdim = vdim = E). Each sequence attends over its own tokens only: all of
+    // them, or with causal those at or before each query; RoPE positions restart at 0 in each sequence. All T
+    // tokens are projected in one pass over the weights. Batch invariant: a sequence's rows are bitwise those
+    // of forward on that sequence alone ([1, L, E], the same causal flag), whatever sequences are beside it,
+    // in any order, with any thread count. mha::invalid_argument (nothing written) for bad shapes or starts.
+    void forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
+                        bool causal = false, int threads = 0) const;
     // The same step given its plan (mha/step_plan.hpp), made once for all layers of a model: the sequences
     // are the plan's, x and y [plan.tokens(), E]. Also refused (nothing changed): a plan made for a layer of
     // another configuration, or for a cache state this cache is not in (another block size, KV heads or head

@@ -302,6 +302,32 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
     simd_forward_step(st, p.layout, x, y, cache, r);
 }
 
+void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
+                                        bool causal, int threads) const {
+    const detail::LayerState& st = state_of(state_);
+    if (st.kdim != st.E || st.vdim != st.E)
+        fail("forward_varlen needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
+             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
+    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+    if (seq_starts == nullptr) fail("seq_starts must not be null");
+    if (seq_starts[0] != 0) fail("seq_starts[0] is " + std::to_string(seq_starts[0]) + " but must be 0");
+    for (std::size_t i = 0; i < sequences; ++i)
+        if (seq_starts[i + 1] < seq_starts[i])
+            fail("seq_starts[" + std::to_string(i + 1) + "] = " + std::to_string(seq_starts[i + 1]) + " is below seq_starts[" +
+                 std::to_string(i) + "] = " + std::to_string(seq_starts[i]) + ": starts must not decrease");
+    const std::size_t T = seq_starts[sequences];
+    if (x.rows != T || x.cols != st.E)
+        fail("x is " + detail::shape_str(x.rows, x.cols) + " but must be [T, E] = " + detail::shape_str(T, st.E) +
+             " (T = seq_starts[sequences])");
+    if (y.rows != T || y.cols != st.E)
+        fail("y is " + detail::shape_str(y.rows, y.cols) + " but must be [T, E] = " + detail::shape_str(T, st.E));
+    if (T == 0) return;  // no token (no sequence, or only empty ones): nothing to read or write
+    detail::check_matrix("x", x);
+    detail::check_matrix("y", y);
+    if (detail::overlaps(x, y)) fail("y overlaps x");
+    simd_forward_varlen(st, x, y, seq_starts, sequences, causal, threads);
+}
+
 StepPlan::StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids, const std::size_t* q_lens,
                    std::size_t sequences, int threads) {
     const detail::LayerState& st = state_of(layer.state_);

@@ -18,6 +18,7 @@
 #include "paged_core.hpp"
 #include "simd_attention.hpp"
 #include "step_forward.hpp"
+#include "varlen_forward.hpp"
 #include "state.hpp"
 
 namespace mha {
@@ -125,6 +126,13 @@ void simd_forward_step(const detail::LayerState& st, const detail::StepLayout& l
     run_with_scratch(layout.scratch.bytes(), nullptr, layout.scratch.threads,
                      [&](float* scratch) { detail::run_step(st, layout, call, scratch, keys, values, r); });
     detail::PagedKVCacheAccess::commit_step(cache, r);
+}
+
+void simd_forward_varlen(const detail::LayerState& st, const ConstMatrix& x, const Matrix& y, const std::size_t* starts,
+                         std::size_t n, bool causal, int threads) {
+    const detail::VarlenLayout layout = detail::varlen_layout(st, x, y, starts, n, threads);
+    run_with_scratch(layout.scratch.bytes(), nullptr, layout.scratch.threads,
+                     [&](float* scratch) { detail::run_varlen(st, layout, scratch, starts, n, causal); });
 }
 
 void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,

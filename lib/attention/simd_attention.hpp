@@ -19,6 +19,9 @@ std::size_t simd_sdpa_workspace_bytes(const detail::SdpaCall& call, const SdpaOp
 // and y, then commits r.
 void simd_forward_step(const detail::LayerState& st, const detail::StepLayout& plan, const ConstMatrix& x, const Matrix& y,
                        PagedKVCache& cache, const detail::StepReservation& r);
+// A variable-length batch without a cache (varlen_forward.hpp) on validated arguments.
+void simd_forward_varlen(const detail::LayerState& st, const ConstMatrix& x, const Matrix& y, const std::size_t* starts,
+                         std::size_t n, bool causal, int threads);
 // Level-2 paged attention (paged_core.hpp) on validated arguments; tables: [n, table_stride].
 void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
                           std::size_t H, float scale, int threads);

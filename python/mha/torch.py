@@ -190,13 +190,50 @@ def _run(layer, dtype, q, k, v, kpm, need_weights, am, average, causal, batch_fi
     return _tensor(out, dtype), _weights_tensor(w, dtype)
 
 
+def _hooked(d):
+    """Whether a module (its __dict__) has hooks, or tracing is on: its calls must then go through
+    nn.Module.__call__, one per sequence where the caller made one per sequence."""
+    return bool(d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or any(_GLOBAL_HOOKS)
+                or any(map(d.get, _NEWER_HOOKS)) or torch._C._get_tracing_state())
+
+
+def _packed_self_attention(layer, dtype, x, lens, causal, threads):
+    """Self-attention of independent sequences packed [T, E] (x: a tensor of dtype; lens: their lengths) in one
+    library call (MultiheadAttention.forward with seq_lens: one pass over the weights for all of them, each
+    sequence attending over its own tokens). 16-bit activations are widened exactly and the output rounded
+    back, as the library's 16-bit forward does. Returns y [T, E] of dtype."""
+    xa = x.numpy() if dtype is torch.float32 else x.float().numpy()
+    try:
+        y, _ = layer.forward(xa, seq_lens=lens, is_causal=causal, threads=threads)
+    except ValueError as e:
+        raise ShapeError(str(e)) from None
+    y = torch.from_numpy(y)
+    return y if dtype is torch.float32 else y.to(dtype)
+
+
+def _packs(layer, query, key, value, need_weights):
+    """Whether a nested call runs packed: self-attention (key and value the query), no weights asked for, a
+    self-attention layer."""
+    return (key is query and value is query and not need_weights and layer.kdim == layer.embed_dim
+            and layer.vdim == layer.embed_dim)
+
+
 def _nested_forward(layer, dtype, heads, query, key, value, key_padding_mask, need_weights, attn_mask, average,
                     causal, threads):
     """Nested (ragged, batch-first) tensors: each sequence runs at its own length, so no padding is computed. The
     output is a nested tensor (its buffer is a copy of the per-sequence outputs); weights, when asked for, are
-    zero-padded to the longest sequences as torch's nested path returns them."""
+    zero-padded to the longest sequences as torch's nested path returns them. Self-attention without weights
+    (torch's own fast path for nested tensors) runs all sequences packed in one call; other calls run one
+    sequence at a time."""
     if key_padding_mask is not None or attn_mask is not None:
         raise ShapeError("masks are not taken with nested tensors (each sequence's own length is its padding)")
+    seqs = query.unbind() if _packs(layer, query, key, value, need_weights) else None
+    if seqs and all(s.dim() == 2 and s.shape[1] == layer.embed_dim for s in seqs):  # else the errors of the loop
+        for s in seqs:
+            _array(s, "query", dtype)  # dtype and device checks, as the per-sequence path makes them
+        lens = [s.shape[0] for s in seqs]
+        y = _packed_self_attention(layer, dtype, torch.cat(seqs), lens, causal, threads)
+        return torch.nested.nested_tensor(list(y.split(lens)), dtype=dtype), None
     seqs = []
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not getattr(t, "is_nested", False):
@@ -333,13 +370,26 @@ class MultiheadAttention(nn.MultiheadAttention):
                 d["_mha_key"] = key
             return d["_mha_layer"]
 
+    def _packed(self, x, lens, is_causal):
+        """Self-attention of the sequences packed in x [T, E] (lengths lens), each over its own tokens, as a
+        [T, E] tensor: the packed form of a nested call, for TransformerEncoderLayer's nested path."""
+        params = self._params()
+        if torch.is_grad_enabled():
+            _check_grad(params, (x,), "mha.torch.MultiheadAttention")
+        layer, dtype = self._layer(params)
+        if not isinstance(x, torch.Tensor) or x.dtype != dtype or not x.is_cpu:
+            _array(x, "query", dtype)  # raises the usual error
+        if layer.kdim != layer.embed_dim or layer.vdim != layer.embed_dim:
+            raise ShapeError("packed sequences need a self-attention module (kdim = vdim = embed_dim)")
+        return _packed_self_attention(layer, dtype, x.detach() if x.requires_grad else x, lens, is_causal,
+                                      self.__dict__.get("mha_threads", 0))
+
     def __call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                  average_attn_weights=True, is_causal=False):
         # nn.Module.__call__ without hooks is forward(*args, **kwargs) after a few checks; the same checks here,
         # with forward's own signature, save the argument repacking (about a microsecond per call).
         d = self.__dict__
-        if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or any(_GLOBAL_HOOKS)
-                or any(map(d.get, _NEWER_HOOKS)) or torch._C._get_tracing_state()):
+        if _hooked(d):
             return super().__call__(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                     attn_mask=attn_mask, average_attn_weights=average_attn_weights,
                                     is_causal=is_causal)
@@ -379,8 +429,11 @@ class TransformerEncoderLayer(nn.TransformerEncoderLayer):
     torch's own layer, in eval mode without grad, runs a fused kernel that never calls self_attn; this one always
     takes torch's ordinary path (norm_first or not, the same feed-forward block and norms, dropout when
     training) with self_attn an mha.torch.MultiheadAttention. Nested tensors (what nn.TransformerEncoder makes
-    of a padded batch with src_key_padding_mask in eval mode) run one sequence at a time at its own length and
-    come back nested, as torch's fast path returns them. forward also takes is_causal (torch >= 2.0's hint)."""
+    of a padded batch with src_key_padding_mask in eval mode) run packed: all tokens [T, E] through the norms and
+    the feed-forward block at once, the attention of every sequence over its own tokens in one library call
+    (MultiheadAttention.forward with seq_lens), and come back nested, as torch's fast path returns them. With
+    src_mask, in training mode, or with hooks on self_attn, they run one sequence at a time (the hooks see each
+    call). forward also takes is_causal (torch >= 2.0's hint)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -405,20 +458,30 @@ class TransformerEncoderLayer(nn.TransformerEncoderLayer):
             if src_key_padding_mask is not None:
                 raise ShapeError("src_key_padding_mask is not taken with a nested src (each sequence's own length "
                                  "is its padding)")
-            outs = [self._dense(s, src_mask, None, is_causal) for s in src.unbind()]
+            seqs = src.unbind()
+            if src_mask is None and seqs and not self.training and not _hooked(self.self_attn.__dict__):
+                # All sequences packed [T, E]: the norms and the feed-forward block act per token, the
+                # attention per sequence (one library call for all of them).
+                lens = [s.shape[0] for s in seqs]
+                y = self._dense(torch.cat(seqs), None, None, is_causal, lens)
+                return torch.nested.nested_tensor(list(y.split(lens)), dtype=src.dtype)
+            outs = [self._dense(s, src_mask, None, is_causal) for s in seqs]
             return torch.nested.nested_tensor(outs, dtype=src.dtype)
         return self._dense(src, src_mask, src_key_padding_mask, is_causal)
 
-    def _dense(self, x, mask, padding, is_causal):
+    def _dense(self, x, mask, padding, is_causal, lens=None):
         if self.norm_first:
-            x = x + self._attention(self.norm1(x), mask, padding, is_causal)
+            x = x + self._attention(self.norm1(x), mask, padding, is_causal, lens)
             return x + self._ff_block(self.norm2(x))
-        x = self.norm1(x + self._attention(x, mask, padding, is_causal))
+        x = self.norm1(x + self._attention(x, mask, padding, is_causal, lens))
         return self.norm2(x + self._ff_block(x))
 
-    def _attention(self, x, mask, padding, is_causal):
-        a = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                           is_causal=is_causal)[0]
+    def _attention(self, x, mask, padding, is_causal, lens=None):
+        if lens is not None:  # x [T, E]: sequences of lengths lens packed
+            a = self.self_attn._packed(x, lens, bool(is_causal))
+        else:
+            a = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False,
+                               is_causal=is_causal)[0]
         return self.dropout1(a)
 
 

@@ -409,7 +409,35 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
                         const std::string& impl, py::handle out, py::handle cache_arg, py::handle seq_ids, py::handle q_lens,
-                        py::handle plan_arg) {
+                        py::handle plan_arg, py::handle seq_lens) {
+    if (!seq_lens.is_none()) {
+        // Independent sequences packed [T, E] without padding (MultiheadAttention::forward_varlen).
+        if (!cache_arg.is_none() || !plan_arg.is_none() || !seq_ids.is_none() || !q_lens.is_none())
+            value_error("seq_lens (a packed batch of independent sequences) takes no cache, plan, seq_ids or q_lens");
+        if (!key.is_none() && !key.is(query)) value_error("key must be None or the query with seq_lens (self-attention)");
+        if (!value.is_none() && !value.is(key.is_none() ? query : key)) value_error("value must be None or the query with seq_lens");
+        if (!key_padding_mask.is_none() || !attn_mask.is_none() || need_weights || !positions.is_none() || position_offset != 0)
+            value_error("masks, need_weights and positions do not apply with seq_lens (each sequence attends over its own tokens)");
+        if (backend != "simd") value_error("seq_lens runs on the simd backend only");
+        const py::array x = float_input(query, "query", 2, 2);
+        const std::vector<std::size_t> lens = sizes_of(seq_lens, "seq_lens");
+        std::vector<std::size_t> starts(lens.size() + 1, 0);
+        for (std::size_t i = 0; i < lens.size(); ++i) {
+            starts[i + 1] = starts[i] + lens[i];
+            if (starts[i + 1] < starts[i]) value_error("seq_lens overflow");
+        }
+        const std::size_t T = dim(x, 0), E = self.layer.embed_dim();
+        const std::vector<py::ssize_t> oshape = {static_cast<py::ssize_t>(T), static_cast<py::ssize_t>(E)};
+        py::array o = out.is_none() ? py::array(py::array_t<float>(oshape)) : out_array(out, "out", oshape);
+        const mha::ConstMatrix xv(static_cast<const float*>(x.data()), T, dim(x, 1), stride_of(x, 0, dim(x, 1)));
+        const mha::Matrix ov(static_cast<float*>(o.mutable_data()), T, E, stride_of(o, 0, E));
+        const int th = parse_threads(threads);
+        {
+            py::gil_scoped_release release;
+            self.layer.forward_varlen(xv, ov, starts.data(), lens.size(), is_causal, th);
+        }
+        return py::make_tuple(o, py::none());
+    }
     if (!plan_arg.is_none() && !py::isinstance<PyStepPlan>(plan_arg)) type_error("plan must be a StepPlan, got " + type_name(plan_arg));
     if (!plan_arg.is_none() && (cache_arg.is_none() || !py::isinstance<PyPagedKVCache>(cache_arg)))
         value_error("plan needs cache=PagedKVCache");
@@ -650,19 +678,21 @@ PYBIND11_MODULE(_mha, m) {
                         bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
                         const std::string& impl, py::handle out, py::handle cache, py::handle seq_ids, py::handle q_lens,
-                        py::handle plan) {
+                        py::handle plan, py::handle seq_lens) {
         return layer_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                              is_causal, batch_first, causal_alignment, position_offset, positions, norm_eps, threads,
-                             backend, impl, out, cache, seq_ids, q_lens, plan);
+                             backend, impl, out, cache, seq_ids, q_lens, plan, seq_lens);
     };
     const char* fwd_doc =
         "forward(query, key=None, value=None, key_padding_mask=None, need_weights=False, attn_mask=None,\n"
         "        average_attn_weights=True, is_causal=False, *, batch_first=True, causal_alignment='top_left',\n"
         "        position_offset=0, positions=None, norm_eps=None, threads=0, backend='simd', impl='auto', out=None,\n"
-        "        cache=None, seq_ids=None, q_lens=None, plan=None) -> (output, weights or None)\n"
+        "        cache=None, seq_ids=None, q_lens=None, plan=None, seq_lens=None) -> (output, weights or None)\n"
         "With cache=PagedKVCache: query [T, E] float32 holds the next q_lens[i] tokens of sequence seq_ids[i], packed\n"
         "in that order (T = sum(q_lens)); returns (y [T, E], None). plan=StepPlan(...) instead of seq_ids and q_lens:\n"
-        "the step planned once for every layer of a model.";
+        "the step planned once for every layer of a model.\n"
+        "With seq_lens=[...]: query [T, E] float32 packs independent sequences of those lengths (no padding, no cache;\n"
+        "is_causal applies per sequence, RoPE positions restart per sequence); returns (y [T, E], None).";
     for (const char* name : {"forward", "__call__"}) {
         layer_cls.def(name, fwd, fwd_doc, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
                       py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = false,
@@ -672,7 +702,7 @@ PYBIND11_MODULE(_mha, m) {
                       py::arg("positions") = py::none(), py::arg("norm_eps") = py::none(), py::arg("threads") = 0,
                       py::arg("backend") = "simd", py::arg("impl") = "auto", py::arg("out") = py::none(),
                       py::arg("cache") = py::none(), py::arg("seq_ids") = py::none(), py::arg("q_lens") = py::none(),
-                      py::arg("plan") = py::none());
+                      py::arg("plan") = py::none(), py::arg("seq_lens") = py::none());
     }
 
     m.def("_sdpa", &sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask"),
