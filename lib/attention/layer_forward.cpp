@@ -276,12 +276,22 @@ void LayerForward::project_output() const {
     const float* gamma = st_.norm_w.empty() ? nullptr : st_.norm_w.data();
     const float* beta = st_.norm_b.empty() ? nullptr : st_.norm_b.data();
     if (few_tokens_) {  // columns of Wo across tasks (each weight read once), then the norm per row
-        const std::size_t nblocks = (E + kColumnBlock - 1) / kColumnBlock;
+        const std::size_t nblocks = (E + kColumnBlock - 1) / kColumnBlock, n = B_ * Lq_;
+        // The B·Lq rows as one GEMM when the output's batches are evenly spaced rows (the context's are): a
+        // decode batch (Lq = 1) then runs the many-row microkernel, not B one-row calls. Same bits either way:
+        // a row's result does not depend on the rows beside it.
+        const Batch& o = out_.output;
+        const bool one_matrix = o.batch_stride == Lq_ * o.row_stride && C_.batch_stride == Lq_ * C_.row_stride;
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, nblocks), [&](const tbb::blocked_range<std::size_t>& r) {
             for (std::size_t t = r.begin(); t != r.end(); ++t) {
                 const std::size_t c0 = t * kColumnBlock, nc = std::min(kColumnBlock, E - c0);
+                if (one_matrix) {
+                    linear(ConstMatrix(C_.data, n, C_.cols, C_.row_stride), kOut, c0, nc, st_.out_b.data() + c0,
+                           Matrix(o.data, n, E, o.row_stride).columns(c0, nc));
+                    continue;
+                }
                 for (std::size_t b = 0; b < B_; ++b)
-                    linear(C_[b], kOut, c0, nc, st_.out_b.data() + c0, out_.output[b].columns(c0, nc));
+                    linear(C_[b], kOut, c0, nc, st_.out_b.data() + c0, o[b].columns(c0, nc));
             }
         });
         if (!opt_.norm_eps) return;
