@@ -8,7 +8,8 @@
 // copies its parent's shadow, a truncate truncates it). A step that succeeds must give each sequence's rows
 // bitwise equal to a forward of the same tokens on its shadow alone (batch invariance, paged = contiguous),
 // and leave the cached rows equal to the shadow's; a step that fails must throw mha::invalid_argument and
-// change nothing: output, lengths, free blocks, rows.
+// change nothing: output, lengths, free blocks, rows. Half the steps go through a mha::StepPlan made first,
+// which the cache must then refuse for a second step (nothing changed).
 // Level 2: random block tables over a caller's pool (ids in any order, sometimes out of range, tables too
 // short, queries past the keys): a valid call must match scaled_dot_product_attention on the same keys held
 // contiguously (bitwise), an invalid one throw and leave the output untouched.
@@ -200,9 +201,16 @@ void level1(FuzzedDataProvider& fdp, std::mt19937& rng) {
         const std::size_t free_before = cache.free_blocks();
         for (std::size_t s : ids) keys_before.push_back(rows_of(cache, s, false));
         bool threw = false;
+        const bool planned = fdp.ConsumeBool();  // through a StepPlan made first (as a model's layers share one)
+        std::unique_ptr<mha::StepPlan> plan;
         try {
-            layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, seq.data(), q.data(),
-                                 seq.size(), threads);
+            if (planned) {
+                plan = std::make_unique<mha::StepPlan>(layer.m, cache, seq.data(), q.data(), seq.size(), threads);
+                layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, *plan);
+            } else {
+                layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, seq.data(),
+                                     q.data(), seq.size(), threads);
+            }
         } catch (const mha::invalid_argument& e) {
             threw = true;
             if (verbose()) std::fprintf(stderr, "step refused: %s\n", e.what());
@@ -218,6 +226,22 @@ void level1(FuzzedDataProvider& fdp, std::mt19937& rng) {
                 if (!same_bits(rows_of(cache, ids[k], false), keys_before[k])) fail("a refused step changed rows");
             for (std::size_t s : ids) check_rows(s, "after a refused step");
             continue;
+        }
+        // A plan serves one step: the same plan again on this cache is refused, nothing changed.
+        if (plan) {
+            std::vector<float> again(y.size(), kSentinel);
+            const std::size_t free_after = cache.free_blocks();
+            std::vector<std::size_t> lengths;
+            for (std::size_t s : seq) lengths.push_back(cache.length(s));
+            try {
+                layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(again.data(), rows, shape.E), cache, *plan);
+                fail("a step plan was accepted twice by one cache");
+            } catch (const mha::invalid_argument&) {
+            }
+            if (std::any_of(again.begin(), again.end(), [](float v) { return v != kSentinel; })) fail("a refused plan wrote its output");
+            if (cache.free_blocks() != free_after) fail("a refused plan changed the free blocks");
+            for (std::size_t i = 0; i < seq.size(); ++i)
+                if (cache.length(seq[i]) != lengths[i]) fail("a refused plan changed a length");
         }
         // Success: each sequence alone on its shadow.
         std::size_t row = 0;
