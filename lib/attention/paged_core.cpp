@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -14,18 +13,19 @@ PagedCoreLayout paged_core_layout(std::size_t n, const std::size_t* key_lengths,
                                   std::size_t table_stride, std::size_t H, std::size_t Hkv, std::size_t d, DataType compute,
                                   Carver& call, Carver& slot) {
     PagedCoreLayout l;
-    std::map<std::size_t, std::size_t> decode_group;  // q -> index in l.groups
+    // Decode groups by q (at most kDecodeMaxQueries of them): group index + 1 per q, 0 = none yet.
+    std::size_t decode_group[kDecodeMaxQueries + 1] = {};
     for (std::size_t i = 0; i < n; ++i) {
         const std::size_t q = query_starts[i + 1] - query_starts[i], L = key_lengths[i];
         const CorePath path = core_path(H, Hkv, q, L, NeedWeights::none, Impl::automatic);
         if (path == CorePath::decode) {
-            auto [it, fresh] = decode_group.emplace(q, l.groups.size());
-            if (fresh) {
+            if (decode_group[q] == 0) {
                 l.groups.emplace_back();
                 l.groups.back().q = q;
                 l.groups.back().path = path;
+                decode_group[q] = l.groups.size();
             }
-            PagedCoreGroup& g = l.groups[it->second];
+            PagedCoreGroup& g = l.groups[decode_group[q] - 1];
             g.members.push_back(i);
             g.keys = std::max(g.keys, L);
             continue;
