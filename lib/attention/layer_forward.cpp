@@ -46,6 +46,27 @@ SlotLayout place_slots(Carver& call, const Carver& slot, int threads) {
 
 bool few_tokens(const LayerCall& call) noexcept { return call.self_attention && call.B * call.Lq <= kFewTokens; }
 
+LayerCall packed_call(const LayerState& st, std::size_t T, int threads) {
+    LayerCall c;
+    c.in.query = ConstBatch(nullptr, 1, T, st.E, st.E + 1, T * (st.E + 1));
+    c.in.key = c.in.value = c.in.query;
+    c.out.output = Batch(nullptr, 1, T, st.E, st.E, T * st.E);
+    c.opt.norm_eps = st.norm_eps;
+    c.opt.threads = threads;
+    c.B = 1, c.Lq = T, c.Lk = T, c.core_keys = T;
+    c.self_attention = true;
+    c.compute = st.compute;
+    c.path = AttentionPath::decode;  // a SIMD path; the core is the caller's
+    c.core_path = CorePath::decode;
+    return c;
+}
+
+void bind_packed(LayerCall& c, const ConstMatrix& x, const Matrix& y) {
+    c.in.query = ConstBatch(x.data, 1, x.rows, x.cols, x.stride, x.rows * x.stride);
+    c.in.key = c.in.value = c.in.query;
+    c.out.output = Batch(y.data, 1, y.rows, y.cols, y.stride, y.rows * y.stride);
+}
+
 ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call, CoreCarving core_regions, void* context) {
     ScratchLayout l;
     Carver c, slot;

@@ -50,6 +50,12 @@ using CoreCarving = void (*)(void* context, Carver& call, Carver& slot);
 ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call, CoreCarving core_regions = nullptr,
                              void* context = nullptr);
 
+// A self-attention call of T packed tokens as one batch (B = 1, Lq = Lk = T, no cache) whose core is the
+// caller's own (a paged step's, a varlen batch's per-sequence calls): x and y unbound, with a stride past E so
+// that scratch_layout reserves the gathering region any stride of x needs. bind_packed points it at x, y.
+LayerCall packed_call(const LayerState& st, std::size_t T, int threads);
+void bind_packed(LayerCall& call, const ConstMatrix& x, const Matrix& y);
+
 class LayerForward {
 public:
     // scratch: layout.total_floats floats, 64-byte aligned, layout = scratch_layout(st, call); cache: call's, mutable.

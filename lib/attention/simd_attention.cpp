@@ -117,10 +117,7 @@ void simd_sdpa(const SdpaInputs& in, const Heads& out, const detail::SdpaCall& c
 void simd_forward_step(const detail::LayerState& st, const detail::StepLayout& layout, const ConstMatrix& x, const Matrix& y,
                        PagedKVCache& cache, const detail::StepReservation& r) {
     detail::LayerCall call = layout.call;
-    const std::size_t T = x.rows;
-    call.in.query = ConstBatch(x.data, 1, T, st.E, x.stride, T * x.stride);
-    call.in.key = call.in.value = call.in.query;
-    call.out.output = Batch(y.data, 1, T, st.E, y.stride, T * y.stride);
+    detail::bind_packed(call, x, y);
     detail::PagedKVCacheAccess::prepare_step(cache, r);  // invisible until the commit
     const detail::KVRows keys = detail::PagedKVCacheAccess::keys(cache, r), values = detail::PagedKVCacheAccess::values(cache, r);
     run_with_scratch(layout.scratch.bytes(), nullptr, layout.scratch.threads,

@@ -11,18 +11,7 @@ namespace mha::detail {
 StepLayout step_layout(const LayerState& st, const StepComposition& r, int threads) {
     StepLayout l;
     const std::size_t n = r.sequences, T = r.query_starts[n];
-    LayerCall& c = l.call;
-    // Unbound views with a stride past E: the layout then holds the gathering region a strided x needs.
-    c.in.query = ConstBatch(nullptr, 1, T, st.E, st.E + 1, T * (st.E + 1));
-    c.in.key = c.in.value = c.in.query;
-    c.out.output = Batch(nullptr, 1, T, st.E, st.E, T * st.E);
-    c.opt.norm_eps = st.norm_eps;
-    c.opt.threads = threads;
-    c.B = 1, c.Lq = T, c.Lk = T, c.core_keys = T;
-    c.self_attention = true;
-    c.compute = st.compute;
-    c.path = AttentionPath::decode;  // a SIMD path; the core is the paged one
-    c.core_path = CorePath::decode;
+    l.call = packed_call(st, T, threads);
     l.positions.resize(T);
     for (std::size_t i = 0; i < n; ++i) {
         const std::size_t q0 = r.query_starts[i], q = r.query_starts[i + 1] - q0, past = r.key_lengths[i] - q;
@@ -33,7 +22,7 @@ StepLayout step_layout(const LayerState& st, const StepComposition& r, int threa
         const StepComposition& r;
         PagedCoreLayout& core;
     } args{st, r, l.core};
-    l.scratch = scratch_layout(st, c, [](void* ctx, Carver& call, Carver& slot) {
+    l.scratch = scratch_layout(st, l.call, [](void* ctx, Carver& call, Carver& slot) {
         auto& a = *static_cast<Args*>(ctx);
         a.core = paged_core_layout(a.r.sequences, a.r.key_lengths.data(), a.r.query_starts.data(), a.r.table_stride, a.st.H,
                                    a.st.Hkv, a.st.d, a.st.compute, call, slot);

@@ -31,7 +31,7 @@ struct StepLayerShape {
 };
 
 struct StepLayout {
-    LayerCall call;                      // B = 1, Lq = Lk = T, self-attention, no cache; x and y not bound
+    LayerCall call;                      // packed_call: x and y not bound
     std::vector<std::size_t> positions;  // [T]: each token's position in its sequence
     PagedCoreLayout core;
     ScratchLayout scratch;  // sized for x read in place or gathered (any stride)
@@ -40,7 +40,6 @@ StepLayout step_layout(const LayerState& st, const StepComposition& step, int th
 
 struct StepPlanData {
     StepLayerShape layer;
-    std::size_t kv_heads = 0, head_dim = 0;  // of the cache it was made on
     StepComposition step;
     StepLayout layout;
 };

@@ -10,17 +10,8 @@ VarlenLayout varlen_layout(const LayerState& st, const ConstMatrix& x, const Mat
                            std::size_t n, int threads) {
     VarlenLayout l;
     const std::size_t T = x.rows;
-    LayerCall& c = l.call;
-    c.in.query = ConstBatch(x.data, 1, T, st.E, x.stride, T * x.stride);
-    c.in.key = c.in.value = c.in.query;
-    c.out.output = Batch(y.data, 1, T, st.E, y.stride, T * y.stride);
-    c.opt.norm_eps = st.norm_eps;
-    c.opt.threads = threads;
-    c.B = 1, c.Lq = T, c.Lk = T, c.core_keys = T;
-    c.self_attention = true;
-    c.compute = st.compute;
-    c.path = AttentionPath::grouped;  // a SIMD path; the cores are per sequence
-    c.core_path = CorePath::grouped;
+    l.call = packed_call(st, T, threads);
+    bind_packed(l.call, x, y);
     l.positions.resize(T);
     l.paths.resize(n);
     l.cores.resize(n);
@@ -35,7 +26,7 @@ VarlenLayout varlen_layout(const LayerState& st, const ConstMatrix& x, const Mat
         const std::size_t* starts;
         std::size_t n;
     } args{st, l, starts, n};
-    l.scratch = scratch_layout(st, c, [](void* ctx, Carver& call, Carver& slot) {
+    l.scratch = scratch_layout(st, l.call, [](void* ctx, Carver& call, Carver& slot) {
         auto& a = *static_cast<Args*>(ctx);
         std::size_t call_end = call.total, slot_end = slot.total;
         for (std::size_t i = 0; i < a.n; ++i) {

@@ -16,7 +16,7 @@
 namespace mha::detail {
 
 struct VarlenLayout {
-    LayerCall call;                      // B = 1, Lq = Lk = T, self-attention, no cache
+    LayerCall call;                      // packed_call bound to x, y
     std::vector<std::size_t> positions;  // [T]: each token's position in its sequence
     std::vector<CorePath> paths;         // [n]: each sequence's core path (for B = 1, Lq = Lk = its length)
     std::vector<CoreLayout> cores;       // [n]: their scratch (regions shared: the sequences run one by one)
