@@ -500,6 +500,47 @@ TEST_P(DecodeKernels, ReadsEndAtTheTile) {
     }
 }
 
+// The rows the caller reads next (RowsAhead) are only prefetched: with K / V ending at a guard page and the
+// rows ahead either NaN (a value read from them would reach a result) or on a PROT_NONE page (a load would
+// fault), of fewer, as many or more rows than the read-ahead distance, every result is bitwise the same.
+TEST_P(DecodeKernels, RowsAheadAreNeverRead) {
+    std::mt19937 gen(101);
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    void* none = mmap(nullptr, 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(none, MAP_FAILED);
+    for (const GuardShape& g : kGuardShapes) {
+        SCOPED_TRACE(shape(g.M, g.n, g.d) + ", pad = " + std::to_string(g.pad));
+        Mat q(g.M, g.d), k(g.n, g.d), p(g.M, g.n), v(g.n, g.d), o0(g.M, g.d), nan_rows(40, g.d);
+        fill(q, gen);
+        fill(k, gen);
+        fill(p, gen, false, 0.0f, 1.0f);
+        fill(v, gen);
+        fill(o0, gen);
+        for (std::size_t i = 0; i < nan_rows.rows; ++i)
+            for (std::size_t c = 0; c < g.d; ++c) nan_rows.at(i, c) = kSentinel;
+        Mat s_want(g.M, g.n), o_want = o0;
+        mha::simd::decode_scores(0.25f, q.cview(), k.cview(), s_want.view());
+        mha::simd::decode_accumulate(p.cview(), v.cview(), o_want.view());
+
+        const std::size_t ld = g.d + g.pad, row_bytes = g.d * sizeof(float);
+        GuardedPages gk(g.n * ld), gv(g.n * ld);
+        ASSERT_TRUE(gk.ok() && gv.ok()) << "mmap failed";
+        const ConstMatrix kk = gk.at_end(k, ld), vv = gv.at_end(v, ld);
+        for (std::size_t rows : {std::size_t(1), std::size_t(3), std::size_t(16), std::size_t(40)})
+            for (bool unmapped : {false, true}) {
+                SCOPED_TRACE(std::to_string(rows) + (unmapped ? " unmapped rows ahead" : " NaN rows ahead"));
+                const mha::simd::RowsAhead ahead{unmapped ? none : static_cast<const void*>(nan_rows.cview().data), rows,
+                                                 unmapped ? std::size_t(0) : nan_rows.stride * sizeof(float), row_bytes};
+                Mat s(g.M, g.n), o = o0;
+                mha::simd::decode_scores(0.25f, q.cview(), kk, s.view(), ahead);
+                mha::simd::decode_accumulate(p.cview(), vv, o.view(), ahead);
+                EXPECT_TRUE(same_bits(s.values(), s_want.values()));
+                EXPECT_TRUE(same_bits(o.values(), o_want.values()));
+            }
+    }
+    munmap(none, 2 * page);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryIsa, DecodeKernels, ::testing::ValuesIn(mha::simd::kSimdIsas), isa_param_name);
 
 }  // namespace

@@ -20,6 +20,14 @@ namespace {
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
+// The run that starts at row lo of rows [lo, hi) of (b, h): what a decode kernel reads ahead into after its
+// own rows (none when lo >= hi).
+simd::RowsAhead run_ahead(const KVRows& rows, std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) noexcept {
+    if (lo >= hi) return {};
+    const std::size_t bytes = rows.format->bytes;
+    return {rows.row_bytes(b, h, lo), rows.run_rows(lo, hi), rows.row_stride * bytes, rows.dim * bytes};
+}
+
 class DecodePath {
 public:
     explicit DecodePath(const CoreContext& c) : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits) {}
@@ -27,7 +35,11 @@ public:
     void run() const {
         const std::size_t Hkv = c_.Hkv, splits = splits_;
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, c_.B * Hkv * splits), [&](const tbb::blocked_range<std::size_t>& r) {
-            for (std::size_t t = r.begin(); t != r.end(); ++t) task(t / splits / Hkv, t / splits % Hkv, t % splits);
+            for (std::size_t t = r.begin(); t != r.end(); ++t) {
+                // After this task's values, the next task's first keys (when this thread runs it).
+                const simd::RowsAhead next = t + 1 != r.end() ? first_keys(t + 1) : simd::RowsAhead{};
+                task(t / splits / Hkv, t / splits % Hkv, t % splits, next);
+            }
         });
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, c_.B * Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
             for (std::size_t t = r.begin(); t != r.end(); ++t) merge(t / Hkv, t % Hkv);
@@ -41,7 +53,15 @@ private:
         return partials_ + ((b * c_.Hkv + kvh) * splits_ + split) * m * (c_.d + 2);
     }
 
-    void task(std::size_t b, std::size_t kvh, std::size_t split) const {
+    // The keys a task reads first (its split's visible keys; a padding mask may skip some of them).
+    simd::RowsAhead first_keys(std::size_t t) const noexcept {
+        const std::size_t b = t / splits_ / c_.Hkv, kvh = t / splits_ % c_.Hkv, split = t % splits_;
+        const KeyRange keys = c_.visible_block(b, 0, c_.Lq);
+        const std::size_t lo = std::max(keys.lo, split * kDecodeSplit), hi = std::min(keys.hi, split * kDecodeSplit + kDecodeSplit);
+        return run_ahead(c_.keys, b, kvh, lo, hi);
+    }
+
+    void task(std::size_t b, std::size_t kvh, std::size_t split, const simd::RowsAhead& next) const {
         const std::size_t d = c_.d, m = c_.G * c_.Lq;
         const CoreSlot s = c_.slot();
         const Matrix q(s.q_stack, m, d, d);
@@ -66,7 +86,7 @@ private:
             c_.stack_queries(b, kvh, 0, c_.Lq, q);
             const Matrix st(s.scores, m, n, kDecodeSplit);
             visit_element_type(c_.keys.format->type, [&](auto element) {
-                split_keys<decltype(element)>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum);
+                split_keys<decltype(element)>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum, next);
             });
             count_kv_rows(2 * n);
         }
@@ -77,16 +97,20 @@ private:
         for (std::size_t r = 0; r < m; ++r) std::copy(o.row(r), o.row(r) + d, part + 2 * m + r * d);
     }
 
-    // The split's scores, softmax and P·V on keys [j0, j0 + n) of element type E, run by run.
+    // The split's scores, softmax and P·V on keys [j0, j0 + n) of element type E, run by run. Each kernel call
+    // reads ahead into the run read after it: the next key run, the first value run after the last key run,
+    // `next` after the last value run.
     template <class E>
     void split_keys(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st, Matrix o,
-                    float* row_max, float* row_sum) const {
+                    float* row_max, float* row_sum, const simd::RowsAhead& next) const {
         const std::size_t m = c_.G * c_.Lq, Lq = c_.Lq, j_end = j0 + n;
         const simd::MaskRow padding = c_.key_padding_row(b);
         // All the split's scores first, then all its values: one stream at a time (switching between the K
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
         c_.keys.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
-            simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len));
+            const simd::RowsAhead ahead =
+                j + len < j_end ? run_ahead(c_.keys, b, kvh, j + len, j_end) : run_ahead(c_.values, b, kvh, j0, j_end);
+            simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead);
         });
         for (std::size_t row = 0; row < m; ++row) {
             const std::size_t t = row / Lq, i = row % Lq;
@@ -109,7 +133,8 @@ private:
             return;
         }
         c_.values.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
-            simd::decode_accumulate(ConstMatrix(st.columns(j - j0, len)), c_.values.run_view<E>(b, kvh, j, len), o);
+            const simd::RowsAhead ahead = j + len < j_end ? run_ahead(c_.values, b, kvh, j + len, j_end) : next;
+            simd::decode_accumulate(ConstMatrix(st.columns(j - j0, len)), c_.values.run_view<E>(b, kvh, j, len), o, ahead);
         });
     }
 

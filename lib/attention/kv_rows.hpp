@@ -46,15 +46,15 @@ struct KVRows {
     MatrixView<const E> run_view(std::size_t b, std::size_t h, std::size_t j, std::size_t n) const noexcept {
         return {static_cast<const E*>(base) + offset(b, h, j), n, dim, row_stride};
     }
+    // The rows of the run that starts at row lo of rows [lo, hi) (lo < hi).
+    std::size_t run_rows(std::size_t lo, std::size_t hi) const noexcept {
+        return block_table == nullptr ? hi - lo : std::min(hi, (lo / block_rows + 1) * block_rows) - lo;
+    }
     // Calls f(j, n) for the runs that make up rows [lo, hi) of (b, h), in order.
     template <class F>
     void runs(std::size_t lo, std::size_t hi, F&& f) const {
-        if (block_table == nullptr) {
-            if (lo < hi) f(lo, hi - lo);
-            return;
-        }
         for (std::size_t j = lo; j < hi;) {
-            const std::size_t n = std::min(hi, (j / block_rows + 1) * block_rows) - j;
+            const std::size_t n = run_rows(j, hi);
             f(j, n);
             j += n;
         }

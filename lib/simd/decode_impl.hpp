@@ -26,15 +26,16 @@
 //   ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column tiling, and any split of n into
 //   consecutive calls. Loop order: chunks of J rows of V (they stay in L1), then query tiles, then
 //   column tiles; the first tile reads the chunk from memory, the others from L1.
-// Memory order: the tiles' loads walk 4 key rows at once (scores) or a column slice of each V row
-//   (accumulate, d > NV·W), an order in which the hardware prefetchers (measured on AMD Zen 4, 4 KB
-//   pages) stream from memory far slower than whole rows in address order. So before its own loads the
-//   first tile to use a row reads one byte of each of the row's cache lines in address order ("touch"):
-//   memory sees whole rows, in order. Touches, not prefetches: prefetching ahead of the rows in use
-//   measured slower while the kernel is memory-bound (few query tiles per block or chunk). Where many
-//   query tiles reuse each block or chunk the kernel is compute-bound, and the next block or chunk is
-//   prefetched into L2 during the current one, which hides the memory behind the compute. Touches and
-//   prefetches name no byte outside the rows (bench/bench_decode.cpp measures all this).
+// Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
+//   the rows the tiles use (kAheadBytes, at least a tile and at most 16 rows), in the caller's reading
+//   order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a
+//   paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)
+//   streams far slower through the hardware prefetchers, and they restart at every block of a paged cache
+//   and fetch past its end; reading ahead by prefetch measured 1.3-1.6× faster than reading each row's
+//   lines in address order just before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
+//   on contiguous rows and on blocks of 64 and 256 rows alike (bench/bench_decode.cpp, bench --op step).
+//   Where many query tiles reuse each block or chunk the kernel is compute-bound, and the next block or
+//   chunk is also prefetched into L2 during the current one. Prefetches name no byte outside the rows.
 // Every helper is a template on Arch (or has internal linkage), so no weak symbol compiled with one
 // ISA's flags can be picked by the linker for another ISA's path.
 #pragma once
@@ -66,6 +67,9 @@ constexpr std::size_t kScoresPrefetchTiles = 4;
 constexpr std::size_t kChunkFloatsFew = 1024;
 constexpr std::size_t kChunkFloatsMany = 4096;
 constexpr std::size_t kFewQueryTiles = 2;
+// Distance of the read-ahead, in bytes of rows (see the header).
+constexpr std::size_t kAheadBytes = 8192;
+constexpr std::size_t kAheadMaxRows = 16;
 }  // namespace
 
 using gemm_detail::fmadd;
@@ -204,13 +208,12 @@ struct Widen<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch
     MHA_GEMM_INLINE B part(const T* p) const noexcept { return to_float(T{}, load_16bit(Arch{}, p, r)); }
 };
 
-// Reads one byte of each cache line of the row's `bytes` bytes in address order (bytes > 0): the line comes
-// into L1 now, in row order (see the header).
+// Asks for each cache line of the row's `bytes` bytes to be brought into L1 (bytes > 0). Never faults.
 template <class Arch>
-inline MHA_GEMM_INLINE void touch_row(const void* row, std::size_t bytes) noexcept {
-    const volatile char* t = reinterpret_cast<const volatile char*>(row);
-    for (std::size_t b = 0; b < bytes; b += 64) (void)t[b];
-    (void)t[bytes - 1];  // the last line, when the row does not start on a line boundary
+inline MHA_GEMM_INLINE void prefetch_row_l1(const void* row, std::size_t bytes) noexcept {
+    const char* t = static_cast<const char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 3);
+    __builtin_prefetch(t + bytes - 1, 0, 3);
 }
 
 // Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
@@ -221,11 +224,45 @@ inline MHA_GEMM_INLINE void prefetch_row_l2(const void* row, std::size_t bytes) 
     __builtin_prefetch(t + bytes - 1, 0, 2);
 }
 
-// The V rows an accumulate tile brings in as it goes, row i at its iteration i: `touch` rows (of the
-// chunk the tile works on) and `prefetch` rows (of the next chunk). Row stride ld and row size in bytes.
+// The stream of rows a kernel reads: its own n rows (byte stride ld), then the caller's next rows (ahead).
+// row(i) is row i of that stream, or null past its end.
+struct RowStream {
+    const char* own = nullptr;
+    std::size_t n = 0, ld = 0, bytes = 0;
+    RowsAhead ahead;
+    std::size_t distance = 0;  // rows read ahead
+    MHA_GEMM_INLINE const char* row(std::size_t i) const noexcept {
+        if (i < n) return own + i * ld;
+        i -= n;
+        return i < ahead.rows ? static_cast<const char*>(ahead.data) + i * ahead.stride_bytes : nullptr;
+    }
+};
+
+template <class E>
+RowStream row_stream(MatrixView<const E> x, const RowsAhead& ahead) noexcept {
+    RowStream r;
+    r.own = reinterpret_cast<const char*>(x.data);
+    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = x.cols * sizeof(E);
+    if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
+    r.distance = r.bytes == 0 ? 0 : min_size(kAheadMaxRows, max_size(4, (kAheadBytes + r.bytes - 1) / r.bytes));
+    return r;
+}
+
+// Prefetches rows [lo, hi) of the stream into L1 (those that exist).
+template <class Arch>
+inline MHA_GEMM_INLINE void read_ahead(const RowStream& s, std::size_t lo, std::size_t hi) noexcept {
+    for (std::size_t i = lo; i < hi; ++i) {
+        const char* r = s.row(i);
+        if (r == nullptr) return;
+        prefetch_row_l1<Arch>(r, s.bytes);
+    }
+}
+
+// The V rows an accumulate tile brings in as it goes, at its iteration i: row `ahead_first + i` of the
+// stream into L1 (i < n_ahead), and `prefetch` rows (of the next chunk) into L2.
 struct RowPlan {
-    const char* touch = nullptr;
-    std::size_t n_touch = 0;
+    const RowStream* stream = nullptr;
+    std::size_t ahead_first = 0, n_ahead = 0;
     const char* prefetch = nullptr;
     std::size_t n_prefetch = 0;
     std::size_t ld = 0, bytes = 0;
@@ -387,9 +424,9 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v,
     unroll<MR>([&](auto m) MHA_GEMM_INLINE {
         unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = load_o(o + m * ldo, i); });
     });
-    const std::size_t n_touch = plan.n_touch, n_prefetch = plan.n_prefetch;
+    const std::size_t n_ahead = plan.n_ahead, n_prefetch = plan.n_prefetch;
     for (std::size_t j = 0; j < n; ++j) {
-        if (j < n_touch) touch_row<Arch>(plan.touch + j * plan.ld, plan.bytes);
+        if (j < n_ahead) read_ahead<Arch>(*plan.stream, plan.ahead_first + j, plan.ahead_first + j + 1);
         if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
         unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load_v(v, i); });
@@ -440,12 +477,15 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 }  // namespace decode_detail
 
 template <class Arch, class E>
-void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) const noexcept {
+void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s,
+                                      const RowsAhead& ahead) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t QB = T::QB, KB = T::KB;
     static constexpr ScoresTable<Arch, E> table = make_scores_table<Arch, E>(std::make_index_sequence<QB * KB>{});
     const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(E);
+    const RowStream stream = row_stream(k, ahead);
+    if (M != 0 && d != 0) read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
     const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
     for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
@@ -455,7 +495,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
             const std::size_t kr = min_size(KB, n - j);
             const E* kj = k.data + j * k.stride;
             if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
-                for (std::size_t i = 0; i < kr; ++i) touch_row<Arch>(kj + i * k.stride, bytes);
+                read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
                 if (prefetch)
                     for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
                         prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
@@ -474,7 +514,8 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
 }
 
 template <class Arch, class E>
-void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o) const noexcept {
+void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o,
+                                          const RowsAhead& ahead) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t W = T::W, MB = T::MB, NV = T::NV;
@@ -482,6 +523,8 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (NV + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
+    const RowStream stream = row_stream(v, ahead);
+    read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
     const std::size_t tail_full = full - blocks * NV;
@@ -500,9 +543,10 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             RowPlan rp;
             rp.ld = v.stride * sizeof(E);
             rp.bytes = d * sizeof(E);
-            if (t == 0) {  // the first tile touches the chunk's rows
-                rp.touch = reinterpret_cast<const char*>(vj);
-                rp.n_touch = jn;
+            if (t == 0) {  // the first tile reads ahead as far past its rows as the chunk is long
+                rp.stream = &stream;
+                rp.ahead_first = j0 + stream.distance;
+                rp.n_ahead = jn;
             }
             const std::size_t first = min_size(t * share, next);
             rp.n_prefetch = min_size(min_size(share, next - first), jn);

@@ -11,6 +11,7 @@
 #include "mha/kernels.hpp"
 #include "mha/view.hpp"
 #include "mask_row.hpp"
+#include "rows_ahead.hpp"
 #include "../core/element_format.hpp"
 
 namespace mha::simd {
@@ -165,9 +166,11 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // decode_accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], summed in order j = 0, 1, ..., n − 1 onto o (so
 // splitting the rows of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d].
 // n == 0 leaves o untouched.
-#define MHA_DECODE_DECLARE_(name, E)                                                               \
-    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s) noexcept; \
-    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o) noexcept;
+// ahead: the rows the caller reads next (rows_ahead.hpp), prefetched as the kernel nears the end of its own;
+// it changes no result.
+#define MHA_DECODE_DECLARE_(name, E)                                                                              \
+    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead = {}) noexcept; \
+    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead = {}) noexcept;
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
 #undef MHA_DECODE_DECLARE_
 
