@@ -46,9 +46,6 @@ inline constexpr std::size_t kFusedMinKeys = 1024;
 // The decode path's limits and split: a split of 512 keys keeps B = 1, Hkv = 8 at 4096 keys in 64 tasks.
 inline constexpr std::size_t kDecodeMaxQueries = 16;
 inline constexpr std::size_t kDecodeSplit = 512;
-// The decode path's bf16 slot region (CoreLayout::gemm16, uint16 elements): the m stacked query rows of d
-// at 0, a split's m probability rows of kDecodeSplit at this offset (64-byte aligned).
-inline std::size_t decode_bf16_offset_p(std::size_t m, std::size_t d) noexcept { return (m * d + 31) / 32 * 32; }
 
 enum class CorePath { materialized, grouped, decode };
 CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;

@@ -8,12 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "../simd/decode_bf16.hpp"
 #include "../simd/round_bf16.hpp"
 #include "core_context.hpp"
 
@@ -32,9 +30,7 @@ simd::RowsAhead run_ahead(const KVRows& rows, std::size_t b, std::size_t h, std:
 
 class DecodePath {
 public:
-    explicit DecodePath(const CoreContext& c)
-        : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits),
-          dot16_(on_bf16_kernels(c.operands) && c.keys.format->type != DataType::f16 && c.values.format->type != DataType::f16) {}
+    explicit DecodePath(const CoreContext& c) : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits) {}
 
     void run() const {
         const std::size_t Hkv = c_.Hkv, splits = splits_;
@@ -111,19 +107,9 @@ private:
         const simd::MaskRow padding = c_.key_padding_row(b);
         // All the split's scores first, then all its values: one stream at a time (switching between the K
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
-        const CoreSlot s = c_.slot();
-        const std::size_t d = c_.d;
-        const MatrixView<bfloat16> q16(reinterpret_cast<bfloat16*>(s.gemm16), m, d, d);
-        const MatrixView<bfloat16> p16(reinterpret_cast<bfloat16*>(s.gemm16) + decode_bf16_offset_p(m, d), m, n, kDecodeSplit);
-        constexpr bool kBf16 = std::is_same_v<E, bfloat16> || std::is_same_v<E, float>;
-        if constexpr (kBf16)
-            if (dot16_) simd::narrow_rows_bf16(q, q16);  // exact: Q is bf16 already in this mode
         c_.keys.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
             const simd::RowsAhead ahead =
                 j + len < j_end ? run_ahead(c_.keys, b, kvh, j + len, j_end) : run_ahead(c_.values, b, kvh, j0, j_end);
-            if constexpr (kBf16)
-                if (dot16_)
-                    return simd::decode_scores_bf16(c_.p.scale, q16, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead);
             simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead);
         });
         for (std::size_t row = 0; row < m; ++row) {
@@ -140,22 +126,6 @@ private:
                 const MatrixView<const E> v = c_.values.run_view<E>(b, kvh, j, len);
                 for (std::size_t r = 0; r < len && !careful; ++r) careful = any_nonfinite(*c_.values.format, v.row(r), c_.d);
             });
-        if constexpr (kBf16)
-            if (dot16_ && !careful) {
-                // P rounded to bf16 as the input of P·V. V's rows go in pairs at even positions in every call
-                // (an odd first row alone): the same pairs for any run boundaries, so a paged cache of any
-                // block size gives the contiguous cache's bits.
-                simd::narrow_rows_bf16(ConstMatrix(st), p16);
-                auto accumulate = [&](std::size_t j, std::size_t len, const simd::RowsAhead& ahead) {
-                    simd::decode_accumulate_bf16(p16.columns(j - j0, len), c_.values.run_view<E>(b, kvh, j, len), o, ahead);
-                };
-                c_.values.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
-                    const simd::RowsAhead ahead = j + len < j_end ? run_ahead(c_.values, b, kvh, j + len, j_end) : next;
-                    if (j % 2 == 1 && len > 1) accumulate(j, 1, {}), ++j, --len;
-                    accumulate(j, len, ahead);
-                });
-                return;
-            }
         if (rounds_to_bf16(c_.operands)) simd::round_to_bf16_inplace(st);  // P as the input of P·V
         if (careful) {
             for (std::size_t t = 0; t < c_.G; ++t)
@@ -201,10 +171,6 @@ private:
     const CoreContext& c_;
     float* partials_;
     std::size_t splits_;
-    // bf16 compute on the dot-product kernels over a bf16 cache, or an f32 one (it holds bf16 values in this
-    // mode, read exactly: the same bits): Q and P as bf16 rows (decode_bf16.hpp). An f16 cache holds values
-    // rounded twice, not bf16: widened on the fp32 kernels.
-    bool dot16_;
 };
 
 }  // namespace

@@ -54,9 +54,6 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         scores = scratch_mul(m, kDecodeSplit);
         accumulator = scratch_mul(m, s.d);
         row_stats = scratch_mul(2, m);
-        // bf16 on the dot-product kernels: the stacked queries and a split's probabilities as bf16 rows.
-        if (s.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16)
-            gemm16 = (decode_bf16_offset_p(m, s.d) + scratch_mul(m, kDecodeSplit)) / 2 + 1;
     } else if (path == CorePath::grouped) {
         std::size_t key_floats = 0, value_floats = 0;
         for (Isa isa : simd::kSimdIsas) {  // the largest over the ISAs this CPU has: the cap may change before the call
