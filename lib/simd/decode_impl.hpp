@@ -48,6 +48,7 @@
 #include "decode.hpp"
 #include "mha/half.hpp"
 #include "gemm_microkernel.hpp"  // gemm_detail::unroll, gemm_detail::fmadd, MHA_GEMM_INLINE
+#include "read_ahead.hpp"        // RowStream, read_ahead
 #include "row_tail.hpp"          // row_detail::load_head / store_head (SSE2 partial vectors)
 
 namespace mha::simd {
@@ -208,14 +209,6 @@ struct Widen<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch
     MHA_GEMM_INLINE B part(const T* p) const noexcept { return to_float(T{}, load_16bit(Arch{}, p, r)); }
 };
 
-// Asks for each cache line of the row's `bytes` bytes to be brought into L1 (bytes > 0). Never faults.
-template <class Arch>
-inline MHA_GEMM_INLINE void prefetch_row_l1(const void* row, std::size_t bytes) noexcept {
-    const char* t = static_cast<const char*>(row);
-    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 3);
-    __builtin_prefetch(t + bytes - 1, 0, 3);
-}
-
 // Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
 template <class Arch>
 inline MHA_GEMM_INLINE void prefetch_row_l2(const void* row, std::size_t bytes) noexcept {
@@ -224,44 +217,11 @@ inline MHA_GEMM_INLINE void prefetch_row_l2(const void* row, std::size_t bytes) 
     __builtin_prefetch(t + bytes - 1, 0, 2);
 }
 
-// The stream of rows a kernel reads: its own n rows (byte stride ld), then the caller's next rows (ahead).
-// row(i) is row i of that stream, or null past its end.
-struct RowStream {
-    const char* own = nullptr;
-    std::size_t n = 0, ld = 0, bytes = 0;
-    RowsAhead ahead;
-    std::size_t distance = 0;  // rows read ahead
-    MHA_GEMM_INLINE const char* row(std::size_t i) const noexcept {
-        if (i < n) return own + i * ld;
-        i -= n;
-        return i < ahead.rows ? static_cast<const char*>(ahead.data) + i * ahead.stride_bytes : nullptr;
-    }
-};
-
-template <class E>
-RowStream row_stream(MatrixView<const E> x, const RowsAhead& ahead) noexcept {
-    RowStream r;
-    r.own = reinterpret_cast<const char*>(x.data);
-    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = x.cols * sizeof(E);
-    if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
-    r.distance = r.bytes == 0 ? 0 : min_size(kAheadMaxRows, max_size(4, (kAheadBytes + r.bytes - 1) / r.bytes));
-    return r;
-}
-
-// Prefetches rows [lo, hi) of the stream into L1 (those that exist).
-template <class Arch>
-inline MHA_GEMM_INLINE void read_ahead(const RowStream& s, std::size_t lo, std::size_t hi) noexcept {
-    for (std::size_t i = lo; i < hi; ++i) {
-        const char* r = s.row(i);
-        if (r == nullptr) return;
-        prefetch_row_l1<Arch>(r, s.bytes);
-    }
-}
-
 // The V rows an accumulate tile brings in as it goes, at its iteration i: row `ahead_first + i` of the
 // stream into L1 (i < n_ahead), and `prefetch` rows (of the next chunk) into L2.
+template <class Arch>
 struct RowPlan {
-    const RowStream* stream = nullptr;
+    const RowStream<Arch>* stream = nullptr;
     std::size_t ahead_first = 0, n_ahead = 0;
     const char* prefetch = nullptr;
     std::size_t n_prefetch = 0;
@@ -403,7 +363,7 @@ constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
 void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v, std::size_t ldv, float* o,
-                     std::size_t ldo, std::size_t r, const RowPlan& plan) noexcept {
+                     std::size_t ldo, std::size_t r, const RowPlan<Arch>& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
     const Part<Arch> part(P ? r : 1);
@@ -449,7 +409,7 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v,
 
 template <class Arch, class T>
 using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const T*, std::size_t, float*,
-                                  std::size_t, std::size_t, const RowPlan&) noexcept;
+                                  std::size_t, std::size_t, const RowPlan<Arch>&) noexcept;
 
 template <class Arch, class T>
 struct AccumulateTable {
@@ -484,7 +444,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
     constexpr std::size_t QB = T::QB, KB = T::KB;
     static constexpr ScoresTable<Arch, E> table = make_scores_table<Arch, E>(std::make_index_sequence<QB * KB>{});
     const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(E);
-    const RowStream stream = row_stream(k, ahead);
+    const RowStream<Arch> stream = row_stream<Arch>(k, ahead, kAheadBytes, kAheadMaxRows);
     if (M != 0 && d != 0) read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
     const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
@@ -523,7 +483,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (NV + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
-    const RowStream stream = row_stream(v, ahead);
+    const RowStream<Arch> stream = row_stream<Arch>(v, ahead, kAheadBytes, kAheadMaxRows);
     read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
@@ -540,7 +500,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         const std::size_t share = (next + tiles - 1) / tiles;
         std::size_t t = 0;  // tiles of this chunk so far
         auto plan = [&]() {
-            RowPlan rp;
+            RowPlan<Arch> rp;
             rp.ld = v.stride * sizeof(E);
             rp.bytes = d * sizeof(E);
             if (t == 0) {  // the first tile reads ahead as far past its rows as the chunk is long
@@ -560,7 +520,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             float* om = o.data + m * o.stride;
             for (std::size_t b = 0; b < blocks; ++b) {
                 const std::size_t c = b * NV * W;
-                const RowPlan rp = plan();
+                const RowPlan<Arch> rp = plan();
                 if (mr == MB)
                     accumulate_tile<Arch, E, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
                 else
@@ -568,7 +528,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             }
             if (tail_full != 0 || r != 0) {
                 const std::size_t c = blocks * NV * W;
-                const RowPlan rp = plan();
+                const RowPlan<Arch> rp = plan();
                 table.f[mr - 1][tail_full][r != 0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, r, rp);
             }
         }

@@ -1,0 +1,62 @@
+// Software read-ahead for the decode kernels (decode_impl.hpp, decode_bf16_avx512bf16.cpp): the stream of
+// rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
+// distance ahead in it. Templates on Arch, so that no copy compiled with one ISA's flags serves another's path.
+#pragma once
+#include <cstddef>
+
+#include "mha/view.hpp"
+#include "rows_ahead.hpp"
+
+namespace mha::simd::decode_detail {
+
+// Asks for each cache line of the row's `bytes` bytes to be brought into L1 (bytes > 0). Never faults.
+template <class Arch>
+inline __attribute__((always_inline)) void prefetch_row_l1(const void* row, std::size_t bytes) noexcept {
+    const char* t = static_cast<const char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 3);
+    __builtin_prefetch(t + bytes - 1, 0, 3);
+}
+
+// A kernel's own n rows (byte stride ld, `bytes` bytes each), then the caller's next rows. row(i) is row i of
+// that stream, or null past its end.
+template <class Arch>
+struct RowStream {
+    const char* own = nullptr;
+    std::size_t n = 0, ld = 0, bytes = 0;
+    RowsAhead ahead;
+    std::size_t distance = 0;  // rows read ahead
+    inline __attribute__((always_inline)) const char* row(std::size_t i) const noexcept {
+        if (i < n) return own + i * ld;
+        i -= n;
+        return i < ahead.rows ? static_cast<const char*>(ahead.data) + i * ahead.stride_bytes : nullptr;
+    }
+};
+
+// The stream of x's rows then ahead's (ignored unless its rows are as long as x's), read ahead by about
+// ahead_bytes, at least 4 rows and at most max_rows (at most the smallest run a caller has: a paged cache's
+// smallest block, so that the distance never skips a whole run).
+template <class Arch, class E>
+inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<const E> x, const RowsAhead& ahead,
+                                                                 std::size_t ahead_bytes, std::size_t max_rows) noexcept {
+    RowStream<Arch> r;
+    r.own = reinterpret_cast<const char*>(x.data);
+    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = x.cols * sizeof(E);
+    if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
+    if (r.bytes != 0) {
+        const std::size_t rows = (ahead_bytes + r.bytes - 1) / r.bytes;
+        r.distance = rows < 4 ? 4 : rows > max_rows ? max_rows : rows;
+    }
+    return r;
+}
+
+// Prefetches rows [lo, hi) of the stream into L1 (those that exist).
+template <class Arch>
+inline __attribute__((always_inline)) void read_ahead(const RowStream<Arch>& s, std::size_t lo, std::size_t hi) noexcept {
+    for (std::size_t i = lo; i < hi; ++i) {
+        const char* r = s.row(i);
+        if (r == nullptr) return;
+        prefetch_row_l1<Arch>(r, s.bytes);
+    }
+}
+
+}  // namespace mha::simd::decode_detail
