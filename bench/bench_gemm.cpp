@@ -164,6 +164,9 @@ BENCHMARK(BM_Packed)->ArgNames({"M", "N", "K", "isa"})->Apply([](auto* b) {
 })->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PackedBf16)->ArgNames({"M", "N", "K"})->Apply([](auto* b) {
     b->Args({1024, 2304, 768})->Args({1024, 768, 768})->Args({128, 128, 64})->Args({128, 64, 128});
+    // A decode step's projections (E 4096, Hkv·d 1024: Q, K, V together, and the output) for 32 and 16 tokens: the
+    // weights (48 MB, 32 MB) stream from memory.
+    b->Args({32, 6144, 4096})->Args({32, 4096, 4096})->Args({16, 6144, 4096});
 })->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HeadQK)->ArgNames({"Lq", "Lk", "d", "isa"})->Apply([](auto* b) {
     for (long isa : {kAvx512, kAvx2, kScalar}) b->Args({128, 128, 64, isa});

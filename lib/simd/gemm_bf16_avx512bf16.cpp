@@ -25,6 +25,8 @@ using u32a = std::uint32_t __attribute__((may_alias));
 
 // 8 rows × 2 vectors = 16 accumulators, as the fp32 kernel (two dot-product ports, latency ~6 cycles).
 constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth, NC = 512;
+// Row panels up to which each B panel is taken by all of them in turn (few rows: B streams from memory once).
+constexpr std::size_t kFewRowPanels = 4;
 
 template <class Arch>
 struct Bf16Gemm {
@@ -120,6 +122,12 @@ struct Bf16Gemm {
     }
     static constexpr TileRow tiles[2] = {tile_row<1>(std::make_index_sequence<MR>{}), tile_row<2>(std::make_index_sequence<MR>{})};
 
+    // Asks for the `bytes` bytes at p to be brought into L2. Never faults.
+    static void prefetch_l2(const void* p, std::size_t bytes) noexcept {
+        const char* t = static_cast<const char*>(p);
+        for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(t + i, _MM_HINT_T1);
+    }
+
     static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) noexcept {
         return min_size(k, b * ((k + 1) / 2) / nb * 2);
     }
@@ -147,18 +155,25 @@ struct Bf16Gemm {
             }
             const float beta_k = kb == 0 ? beta : 1.0f;
             const float* bias_k = kb + 1 == nb ? bias : nullptr;
+            auto run_tile = [&](std::size_t r, std::size_t j0, std::size_t n) {
+                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
+                const std::uint16_t* bp = b.data + j0 / NR * b.panel_stride + pc * NR;
+                tiles[n > 16 ? 1 : 0].t[m - 1](kp, ap + r * MR * kp, bp, out);
+            };
+            if (np <= kFewRowPanels) {
+                // Few rows (a decode step's projections): each B panel, streamed from memory once, serves every
+                // row panel from L1 / L2 right away, and the next one is prefetched into L2 meanwhile.
+                for (std::size_t j0 = 0; j0 < N; j0 += NR) {
+                    if (j0 + NR < N) prefetch_l2(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR, kp * 2 * NR * 2);
+                    for (std::size_t r = 0; r < np; ++r) run_tile(r, j0, min_size(NR, N - j0));
+                }
+                continue;
+            }
             for (std::size_t jc = 0; jc < N; jc += NC) {
                 const std::size_t nc = min_size(NC, N - jc);
-                for (std::size_t r = 0; r < np; ++r) {
-                    const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                    for (std::size_t j0 = jc; j0 < jc + nc; j0 += NR) {
-                        const std::size_t n = min_size(NR, jc + nc - j0);
-                        const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k,
-                                              bias_k != nullptr ? bias_k + j0 : nullptr};
-                        const std::uint16_t* bp = b.data + j0 / NR * b.panel_stride + pc * NR;
-                        tiles[n > 16 ? 1 : 0].t[m - 1](kp, ap + r * MR * kp, bp, out);
-                    }
-                }
+                for (std::size_t r = 0; r < np; ++r)
+                    for (std::size_t j0 = jc; j0 < jc + nc; j0 += NR) run_tile(r, j0, min_size(NR, jc + nc - j0));
             }
         }
     }
