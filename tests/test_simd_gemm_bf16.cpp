@@ -182,6 +182,32 @@ TEST_F(SimdGemmBf16, RowSplitsAreBitwiseEqual) {
     EXPECT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * 4), 0);
 }
 
+// A packed once (pack_a_bf16) and used by calls on column blocks of B gives the bits of gemm_bf16 on the whole:
+// row counts below, at and above one and four row panels (the few-row loop order and the other), k within one
+// k-block and across three, an odd k, strided A with NaN padding (never read), bias and beta.
+TEST_F(SimdGemmBf16, PackedAEqualsGemmOnColumnBlocks) {
+    for (std::size_t m : {std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(32), std::size_t(33), std::size_t(50)})
+        for (std::size_t k : {std::size_t(5), std::size_t(64), std::size_t(2049)}) {
+            SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k);
+            const std::size_t n = 100, lda = k + 3;
+            auto a = random_floats(m * lda, 7);
+            for (std::size_t i = 0; i < m; ++i)
+                for (std::size_t j = k; j < lda; ++j) a[i * lda + j] = kSentinel;
+            const auto w = random_floats(n * k, 8), bias = random_floats(n, 9), c0 = random_floats(m * n, 10);
+            const mha::simd::Bf16PackedMatrix packed({ConstMatrix(w.data(), n, k)}, Trans::yes);
+            std::vector<float> whole = c0, blocks = c0;
+            mha::simd::gemm_bf16(0.5f, ConstMatrix(a.data(), m, k, lda), packed.all(), 0.25f, bias.data(), Matrix(whole.data(), m, n));
+            Aligned16 pa(mha::simd::gemm_bf16_packed_a_elements(m, k));
+            mha::simd::pack_a_bf16(ConstMatrix(a.data(), m, k, lda), pa.p);
+            for (std::size_t c0j = 0; c0j < n; c0j += 32) {
+                const std::size_t nc = std::min<std::size_t>(32, n - c0j);
+                mha::simd::gemm_bf16_packed_a(0.5f, pa.p, m, k, packed.all().columns(c0j, nc), 0.25f, bias.data() + c0j,
+                                              Matrix(blocks.data() + c0j, m, nc, n));
+            }
+            EXPECT_EQ(std::memcmp(whole.data(), blocks.data(), whole.size() * 4), 0);
+        }
+}
+
 TEST_F(SimdGemmBf16, PackedMatrixSegmentsAndUnpack) {
     const std::size_t k = 77;
     const auto w0 = random_floats(64 * k, 7), w1 = random_floats(40 * k, 8), w2 = random_floats(40 * k, 9);

@@ -76,6 +76,8 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
     const bool contiguous = in.query.row_stride == in.query.cols && in.query.batch_stride == Lq * in.query.cols;
     if (few_tokens(call) && !contiguous) l.tokens = c.take(scratch_mul(scratch_mul(B, Lq), st.E));
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
+    if (few_tokens(call) && st.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16)
+        l.tokens16 = c.take(simd::gemm_bf16_packed_a_elements(scratch_mul(B, Lq), std::max(st.E, qw)) / 2 + 1);
     if (call.self_attention) {
         l.projections = c.take(scratch_mul(scratch_mul(B, Lq), qw + 2 * kvw));
     } else {
@@ -157,6 +159,19 @@ void LayerForward::linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t n
     simd::gemm_packed(1.0f, x, Trans::no, simd::PackedMatrix::columns(all, c0, nc), 0.0f, bias, y);
 }
 
+bool LayerForward::pack_tokens(ConstMatrix x) const {
+    if (layout_.tokens16 == 0 || !on_bf16_kernels(operands_)) return false;
+    simd::pack_a_bf16(x, reinterpret_cast<std::uint16_t*>(scratch_ + layout_.tokens16));
+    return true;
+}
+
+void LayerForward::linear_packed(std::size_t rows, std::size_t k, Weight w, std::size_t c0, std::size_t nc, const float* bias,
+                                 Matrix y) const {
+    const simd::Bf16Panels all = w == kQkv ? st_.in_proj16.all() : w == kOut ? st_.out_proj16.all() : st_.projection16(w);
+    simd::gemm_bf16_packed_a(1.0f, reinterpret_cast<const std::uint16_t*>(scratch_ + layout_.tokens16), rows, k,
+                             all.columns(c0, nc), 0.0f, bias, y);
+}
+
 void LayerForward::rotate(Matrix x, std::size_t heads, std::size_t p0, float* table) const {
     const std::size_t r = st_.rope->dims, half = r / 2, d = st_.d;
     float* cos_t = table;
@@ -189,12 +204,16 @@ void LayerForward::project_few_tokens() const {
     const std::size_t widths[3] = {qw, kvw, kvw}, offsets[3] = {0, qw, qw + kvw};
     std::size_t blocks[3], total = 0;
     for (int part = 0; part < 3; ++part) total += blocks[part] = (widths[part] + kColumnBlock - 1) / kColumnBlock;
+    const bool packed = pack_tokens(x);  // A packed once for every column task (the same bits)
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, total), [&](const tbb::blocked_range<std::size_t>& r) {
         for (std::size_t t = r.begin(); t != r.end(); ++t) {
             std::size_t part = 0, blk = t;
             while (blk >= blocks[part]) blk -= blocks[part++];
             const std::size_t c0 = blk * kColumnBlock, nc = std::min(kColumnBlock, widths[part] - c0);
-            linear(x, static_cast<Weight>(part), c0, nc, st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
+            if (packed)
+                linear_packed(n, E, static_cast<Weight>(part), c0, nc, st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
+            else
+                linear(x, static_cast<Weight>(part), c0, nc, st_.bias(part) + c0, qkv.columns(offsets[part] + c0, nc));
         }
     });
     if (!st_.rope) return round_projection(qkv);
@@ -303,9 +322,14 @@ void LayerForward::project_output() const {
         // a row's result does not depend on the rows beside it.
         const Batch& o = out_.output;
         const bool one_matrix = o.batch_stride == Lq_ * o.row_stride && C_.batch_stride == Lq_ * C_.row_stride;
+        const bool packed = one_matrix && pack_tokens(ConstMatrix(C_.data, n, C_.cols, C_.row_stride));
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, nblocks), [&](const tbb::blocked_range<std::size_t>& r) {
             for (std::size_t t = r.begin(); t != r.end(); ++t) {
                 const std::size_t c0 = t * kColumnBlock, nc = std::min(kColumnBlock, E - c0);
+                if (packed) {
+                    linear_packed(n, C_.cols, kOut, c0, nc, st_.out_b.data() + c0, Matrix(o.data, n, E, o.row_stride).columns(c0, nc));
+                    continue;
+                }
                 if (one_matrix) {
                     linear(ConstMatrix(C_.data, n, C_.cols, C_.row_stride), kOut, c0, nc, st_.out_b.data() + c0,
                            Matrix(o.data, n, E, o.row_stride).columns(c0, nc));

@@ -23,6 +23,9 @@ namespace mha::detail {
 struct ScratchLayout : SlotLayout {
     std::size_t projections = 0, key_values = 0, context = 0;
     std::size_t tokens = 0;       // few-token path: the query rows gathered into [B·Lq, E] (0: read in place)
+    // few-token path, bf16 compute: the GEMM's A (the tokens, then the context) packed into bf16 pairs once for all
+    // column tasks (simd::pack_a_bf16); 0: none.
+    std::size_t tokens16 = 0;
     std::size_t key_lengths = 0;  // with a cache: B size_t, each sequence's keys after the append
     std::size_t cache_keys = 0;   // with a cache: the core's Lk (the longest sequence after the append)
     // With a bf16 / f16 cache on a path other than decode: the cached K and V widened to fp32,
@@ -90,6 +93,11 @@ private:
     // into the slot and the fp32 GEMM on the rounded weights.
     enum Weight { kQ = 0, kK = 1, kV = 2, kQkv = 3, kOut = 4 };
     void linear(ConstMatrix x, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const;
+    // The few-token path's A for linear_packed: x packed once into layout_.tokens16 on the bf16 kernels (true),
+    // else nothing (false: the tasks call linear on x).
+    bool pack_tokens(ConstMatrix x) const;
+    // linear() on columns [c0, c0 + nc) of w with A as pack_tokens packed x ([rows, k]).
+    void linear_packed(std::size_t rows, std::size_t k, Weight w, std::size_t c0, std::size_t nc, const float* bias, Matrix y) const;
     // Wq, Wk, Wv side by side form one B operand (their segments are whole panels).
     bool qkv_contiguous() const noexcept;
     // bf16 compute: Q, K, V (after RoPE) rounded in place.

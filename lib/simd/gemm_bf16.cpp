@@ -27,6 +27,18 @@ void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, cons
     Bf16Kernels::gemm(arch_avx512{}, alpha, a, b, beta, bias, c, static_cast<std::uint16_t*>(lease.data()));
 }
 
+void pack_a_bf16(ConstMatrix a, std::uint16_t* dst) noexcept {
+    assert(bf16_kernels_available() && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0);
+    Bf16Kernels::pack_a(arch_avx512{}, a, dst);
+}
+
+void gemm_bf16_packed_a(float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b, float beta,
+                        const float* bias, Matrix c) noexcept {
+    assert(bf16_kernels_available() && k == b.k && c.cols == b.n && m == c.rows);
+    assert(reinterpret_cast<std::uintptr_t>(b.data) % 64 == 0 && reinterpret_cast<std::uintptr_t>(a) % 64 == 0);
+    Bf16Kernels::gemm_packed_a(arch_avx512{}, alpha, a, m, k, b, beta, bias, c);
+}
+
 void Bf16PackedMatrix::Free::operator()(std::uint16_t* p) const noexcept { detail::free_aligned(p, bytes); }
 
 Bf16PackedMatrix::Bf16PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb) {

@@ -61,6 +61,17 @@ inline std::size_t gemm_bf16_scratch(std::size_t m, std::size_t k) noexcept {
 void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
                std::uint16_t* scratch = nullptr);
 
+// A [M, K] packed once into bf16 pairs for all of K (what gemm_bf16 packs on every call), so that many calls
+// on column blocks of one B share one packing of A: gemm_bf16_packed_a_elements(M, K) uint16 elements at dst,
+// 64-byte aligned. bf16 kernels only.
+inline std::size_t gemm_bf16_packed_a_elements(std::size_t m, std::size_t k) noexcept {
+    return (m + kBf16Rows - 1) / kBf16Rows * kBf16Rows * ((k + 1) / 2) * 2;
+}
+void pack_a_bf16(ConstMatrix a, std::uint16_t* dst) noexcept;
+// gemm_bf16 with A [m, k] as pack_a_bf16 packed it: the same bits as gemm_bf16 on that A. bf16 kernels only.
+void gemm_bf16_packed_a(float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b, float beta,
+                        const float* bias, Matrix c) noexcept;
+
 // Constant weights packed once into bf16 panels: the parts op(B_i) [K, N_i] side by side (segments), each
 // padded to whole panels (the bf16 twin of PackedMatrix built from parts). Immutable: share across threads.
 // Constructing it requires bf16_kernels_available().
@@ -93,6 +104,9 @@ struct Bf16Kernels {
     static void pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept;
     static void gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                      Matrix c, std::uint16_t* scratch) noexcept;
+    static void pack_a(arch_avx512, ConstMatrix a, std::uint16_t* dst) noexcept;
+    static void gemm_packed_a(arch_avx512, float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b,
+                              float beta, const float* bias, Matrix c) noexcept;
 };
 
 }  // namespace mha::simd

@@ -132,8 +132,22 @@ struct Bf16Gemm {
         return min_size(k, b * ((k + 1) / 2) / nb * 2);
     }
 
+    // A [M, K] packed for every k-block in turn: block kb's row panels at ceil(pc / 2)·MR·np pairs (pc its start).
+    static void pack_a_all(ConstMatrix a, u32a* dst) noexcept {
+        const std::size_t M = a.rows, K = a.cols, np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
+        for (std::size_t kb = 0; kb < nb; ++kb) {
+            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
+            for (std::size_t r = 0; r < np; ++r) {
+                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                pack_a(a, i0, m, pc, kc, dst + pc / 2 * MR * np + r * MR * kp);
+            }
+        }
+    }
+
+    // a: the fp32 A (its rows and columns give M and K; read only when packed_a is null), or packed_a: A as
+    // pack_a_all made it.
     static void gemm(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
-                     std::uint16_t* scratch_buf) noexcept {
+                     std::uint16_t* scratch_buf, const u32a* packed_a = nullptr) noexcept {
         const std::size_t M = c.rows, N = c.cols, K = a.cols;
         if (M == 0 || N == 0) return;
         if (K == 0) {
@@ -145,13 +159,17 @@ struct Bf16Gemm {
                 }
             return;
         }
-        u32a* ap = reinterpret_cast<u32a*>(scratch_buf);
         const std::size_t np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
         for (std::size_t kb = 0; kb < nb; ++kb) {
             const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
-            for (std::size_t r = 0; r < np; ++r) {
-                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                pack_a(a, i0, m, pc, kc, ap + r * MR * kp);
+            const u32a* ap = packed_a != nullptr ? packed_a + pc / 2 * MR * np : nullptr;
+            if (packed_a == nullptr) {
+                u32a* buf = reinterpret_cast<u32a*>(scratch_buf);
+                for (std::size_t r = 0; r < np; ++r) {
+                    const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                    pack_a(a, i0, m, pc, kc, buf + r * MR * kp);
+                }
+                ap = buf;
             }
             const float beta_k = kb == 0 ? beta : 1.0f;
             const float* bias_k = kb + 1 == nb ? bias : nullptr;
@@ -188,6 +206,15 @@ void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_
 void Bf16Kernels::gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                        Matrix c, std::uint16_t* scratch) noexcept {
     Bf16Gemm<arch_avx512>::gemm(alpha, a, b, beta, bias, c, scratch);
+}
+
+void Bf16Kernels::pack_a(arch_avx512, ConstMatrix a, std::uint16_t* dst) noexcept {
+    Bf16Gemm<arch_avx512>::pack_a_all(a, reinterpret_cast<u32a*>(dst));
+}
+
+void Bf16Kernels::gemm_packed_a(arch_avx512, float alpha, const std::uint16_t* a, std::size_t m, std::size_t k,
+                                const Bf16Panels& b, float beta, const float* bias, Matrix c) noexcept {
+    Bf16Gemm<arch_avx512>::gemm(alpha, ConstMatrix(nullptr, m, k, k), b, beta, bias, c, nullptr, reinterpret_cast<const u32a*>(a));
 }
 
 }  // namespace mha::simd

@@ -13,4 +13,10 @@ void Bf16Kernels::gemm(arch_avx512, float, ConstMatrix, const Bf16Panels&, float
     std::abort();
 }
 
+void Bf16Kernels::pack_a(arch_avx512, ConstMatrix, std::uint16_t*) noexcept { std::abort(); }
+void Bf16Kernels::gemm_packed_a(arch_avx512, float, const std::uint16_t*, std::size_t, std::size_t, const Bf16Panels&, float,
+                                const float*, Matrix) noexcept {
+    std::abort();
+}
+
 }  // namespace mha::simd
