@@ -4,9 +4,10 @@
 // Pool layout: keys and values are two arrays [num_blocks, Hkv, block_size, d] of the element type (f32,
 // bf16 or f16; RNE rounding on write, as mha::KVCache). Token j of a sequence lives in block
 // block_table[j / block_size], row j % block_size. block_size is 16, 32, 64, 128 or 256; the decode kernels
-// read a block's rows as one run, so larger blocks mean fewer runs and prefer 256: on one Zen 5 core a
-// decode layer step (16 sequences × 2048 keys, f32) was within 5 % of the contiguous cache at 256, about
-// 25 % slower at 64 and 60 % slower at 16 (issue 22 notes).
+// read a block's rows as one run and read ahead into the next block by software prefetch, so the block size
+// matters little, and larger blocks are still a little faster: on one Zen 5 core the attention core of 16
+// decodes around 2048 keys (f32) read 19, 23.5 and 25 GB/s at blocks of 16, 64 and 256, and a whole decode
+// layer step (16 × 2048) was within -8 % .. +5 % of the contiguous cache at all three (issue 22 notes).
 //
 // Level 2 (an engine that owns its block allocator): paged_write_kv writes new rows at given slots and
 // paged_attention attends over the caller's pool given per-sequence block tables, key lengths and query
