@@ -17,18 +17,32 @@
 
 namespace mha {
 
-enum class DataType { f32, bf16, f16 };
+// f32, bf16, f16: element types of arrays, computations (f32, bf16) and KV caches; int8, fp8_e4m3, fp8_e5m2:
+// 8-bit KV cache element types only (mha/quantized.hpp).
+enum class DataType { f32, bf16, f16, int8, fp8_e4m3, fp8_e5m2 };
 
-// "f32", "bf16", "f16".
+// "f32", "bf16", "f16", "int8", "fp8_e4m3", "fp8_e5m2" ("" for a value that names no DataType).
 constexpr std::string_view data_type_name(DataType t) noexcept {
-    return t == DataType::bf16 ? "bf16" : t == DataType::f16 ? "f16" : "f32";
+    switch (t) {
+        case DataType::f32: return "f32";
+        case DataType::bf16: return "bf16";
+        case DataType::f16: return "f16";
+        case DataType::int8: return "int8";
+        case DataType::fp8_e4m3: return "fp8_e4m3";
+        case DataType::fp8_e5m2: return "fp8_e5m2";
+    }
+    return "";
 }
-// Bytes of one element (0 for a value that names no DataType).
+// Bytes of one element (0 for a value that names no DataType). An int8 row also holds its scales:
+// kv_row_bytes (mha/quantized.hpp) gives a stored row's bytes.
 constexpr std::size_t data_type_bytes(DataType t) noexcept {
     switch (t) {
         case DataType::f32: return 4;
         case DataType::bf16:
         case DataType::f16: return 2;
+        case DataType::int8:
+        case DataType::fp8_e4m3:
+        case DataType::fp8_e5m2: return 1;
     }
     return 0;
 }

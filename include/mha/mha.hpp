@@ -7,6 +7,7 @@
 #include "mha/kernels.hpp"
 #include "mha/kv_cache.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/quantized.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/step_plan.hpp"
 #include "mha/view.hpp"

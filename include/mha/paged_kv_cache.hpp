@@ -1,8 +1,9 @@
 // A paged KV cache for serving (vLLM's layout): K and V of many sequences in a shared pool of fixed-size
 // blocks, and the attention and writes an engine needs over such a pool, in two levels.
 //
-// Pool layout: keys and values are two arrays [num_blocks, Hkv, block_size, d] of the element type (f32,
-// bf16 or f16; RNE rounding on write, as mha::KVCache). Token j of a sequence lives in block
+// Pool layout: keys and values are two arrays [num_blocks, Hkv, block_size, row] of the element type (any of
+// mha::KVCache's: f32, bf16, f16, int8, fp8_e4m3, fp8_e5m2, rounded on write as there; a row is d elements, an
+// int8 row d values then their float16 scales; fp8 with the pool's k_scale / v_scale). Token j of a sequence lives in block
 // block_table[j / block_size], row j % block_size. block_size is 16, 32, 64, 128 or 256; the decode kernels
 // read a block's rows as one run and read ahead into the next block by software prefetch, so the block size
 // matters little, and larger blocks are still a little faster: on one Zen 5 core the attention core of 16
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "mha/half.hpp"
+#include "mha/quantized.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 
@@ -38,12 +40,14 @@ namespace detail {
 struct PagedKVCacheAccess;  // lib/attention/paged_kv_cache_access.hpp
 }
 
-// A caller's pool (level 2): keys and values [num_blocks, kv_heads, block_size, head_dim] of `element`.
+// A caller's pool (level 2): keys and values [num_blocks, kv_heads, block_size, row] of `element`, a row being
+// kv_row_bytes(element, head_dim) bytes (mha/quantized.hpp). k_scale / v_scale: fp8's tensor scales (1 otherwise).
 struct PagedKVPool {
     void* keys = nullptr;
     void* values = nullptr;
     DataType element = DataType::f32;
     std::size_t num_blocks = 0, block_size = 0, kv_heads = 0, head_dim = 0;
+    float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 // The sequences of one step over a pool (level 2), vLLM's attention metadata.
@@ -76,9 +80,10 @@ void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedS
 class PagedKVCache {
 public:
     // Allocates the pool (std::bad_alloc may propagate). mha::invalid_argument for a zero dimension, a block
-    // size other than 16, 32, 64, 128 or 256, or an element type that is not f32, bf16 or f16.
+    // size other than 16, 32, 64, 128 or 256, an element type that is not a KVCache type, or scales that are not
+    // as KVCache's (fp8: positive and finite; the others: 1).
     PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::size_t kv_heads, std::size_t head_dim,
-                 DataType element = DataType::f32);
+                 DataType element = DataType::f32, float k_scale = 1.0f, float v_scale = 1.0f);
     ~PagedKVCache();
     PagedKVCache(PagedKVCache&& other) noexcept;
     PagedKVCache& operator=(PagedKVCache&& other) noexcept;
@@ -90,6 +95,8 @@ public:
     std::size_t kv_heads() const noexcept { return pool_.kv_heads; }
     std::size_t head_dim() const noexcept { return pool_.head_dim; }
     DataType element_type() const noexcept { return pool_.element; }
+    float k_scale() const noexcept { return pool_.k_scale; }
+    float v_scale() const noexcept { return pool_.v_scale; }
     std::size_t free_blocks() const noexcept { return free_.size(); }
     std::size_t used_blocks() const noexcept { return pool_.num_blocks - free_.size(); }
     // The pool as a level-2 view (its storage; the block tables are this object's).

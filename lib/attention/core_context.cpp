@@ -82,9 +82,7 @@ bool CoreContext::key_masked(std::size_t b, std::size_t h, std::size_t i, std::s
 }
 
 float CoreContext::value_at(std::size_t b, std::size_t kvh, std::size_t j, std::size_t c) const noexcept {
-    float x = 0.0f;
-    values.format->widen(static_cast<const unsigned char*>(values.row_bytes(b, kvh, j)) + c * values.format->bytes, &x, 1);
-    return x;
+    return values.format->value(values.row_bytes(b, kvh, j), d, c, values.scale);
 }
 
 void CoreContext::accumulate_unmasked(std::size_t b, std::size_t h, std::size_t i0, std::size_t j0, ConstMatrix probs,

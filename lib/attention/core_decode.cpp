@@ -24,8 +24,7 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 // own rows (none when lo >= hi).
 simd::RowsAhead run_ahead(const KVRows& rows, std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) noexcept {
     if (lo >= hi) return {};
-    const std::size_t bytes = rows.format->bytes;
-    return {rows.row_bytes(b, h, lo), rows.run_rows(lo, hi), rows.row_stride * bytes, rows.dim * bytes};
+    return {rows.row_bytes(b, h, lo), rows.run_rows(lo, hi), rows.row_stride * rows.format->bytes, rows.stored_row_bytes()};
 }
 
 class DecodePath {
@@ -110,7 +109,7 @@ private:
         c_.keys.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
             const simd::RowsAhead ahead =
                 j + len < j_end ? run_ahead(c_.keys, b, kvh, j + len, j_end) : run_ahead(c_.values, b, kvh, j0, j_end);
-            simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead);
+            simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead, c_.keys.scale);
         });
         for (std::size_t row = 0; row < m; ++row) {
             const std::size_t t = row / Lq, i = row % Lq;
@@ -134,7 +133,8 @@ private:
         }
         c_.values.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
             const simd::RowsAhead ahead = j + len < j_end ? run_ahead(c_.values, b, kvh, j + len, j_end) : next;
-            simd::decode_accumulate(ConstMatrix(st.columns(j - j0, len)), c_.values.run_view<E>(b, kvh, j, len), o, ahead);
+            simd::decode_accumulate(ConstMatrix(st.columns(j - j0, len)), c_.values.run_view<E>(b, kvh, j, len), o, ahead,
+                                    c_.values.scale);
         });
     }
 

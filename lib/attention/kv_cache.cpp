@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -17,15 +18,18 @@ namespace mha {
 using detail::fail;
 
 
-KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity, DataType element) {
+KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity, DataType element,
+                 float k_scale, float v_scale) {
     if (!detail::is_element_type(element))
-        fail("KVCache element type " + std::to_string(static_cast<int>(element)) + " is not f32, bf16 or f16");
+        fail("KVCache element type " + std::to_string(static_cast<int>(element)) +
+             " is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    detail::check_kv_scales("KVCache", element, k_scale, v_scale);
     if (batch == 0 || kv_heads == 0 || head_dim == 0 || capacity == 0)
         fail("KVCache dimensions must be non-zero: batch " + std::to_string(batch) + ", kv_heads " + std::to_string(kv_heads) +
              ", head_dim " + std::to_string(head_dim) + ", capacity " + std::to_string(capacity));
     std::size_t n = detail::checked_madd(batch, kv_heads, 0, "KVCache", "size");
     n = detail::checked_madd(n, capacity, 0, "KVCache", "size");
-    n = detail::checked_madd(n, head_dim, 0, "KVCache", "size");
+    n = detail::checked_madd(n, detail::element_format(element).row_elements(head_dim), 0, "KVCache", "size");
     detail::checked_extent("KVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "KVCache", "size"));
     const std::size_t size = detail::element_format(element).bytes, total = 2 * n * size;
     auto* block = static_cast<unsigned char*>(detail::allocate_aligned(total));
@@ -36,6 +40,7 @@ KVCache::KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, 
     madvise(block, total, MADV_HUGEPAGE);
 #endif
     batch_ = batch, kv_heads_ = kv_heads, head_dim_ = head_dim, capacity_ = capacity, element_ = element;
+    k_scale_ = k_scale, v_scale_ = v_scale;
     keys_ = block;
     values_ = block + n * size;  // a multiple of 64 bytes when d is a multiple of 32; alignment is not required
     try {
@@ -52,7 +57,8 @@ KVCache::~KVCache() {
 
 KVCache::KVCache(KVCache&& o) noexcept
     : batch_(o.batch_), kv_heads_(o.kv_heads_), head_dim_(o.head_dim_), capacity_(o.capacity_),
-      element_(o.element_), keys_(o.keys_), values_(o.values_), lengths_(std::move(o.lengths_)) {
+      element_(o.element_), k_scale_(o.k_scale_), v_scale_(o.v_scale_), keys_(o.keys_), values_(o.values_),
+      lengths_(std::move(o.lengths_)) {
     o.batch_ = o.kv_heads_ = o.head_dim_ = o.capacity_ = 0;
     o.keys_ = o.values_ = nullptr;
     o.lengths_.clear();
@@ -66,6 +72,8 @@ KVCache& KVCache::operator=(KVCache&& o) noexcept {
         std::swap(head_dim_, tmp.head_dim_);
         std::swap(capacity_, tmp.capacity_);
         std::swap(element_, tmp.element_);
+        std::swap(k_scale_, tmp.k_scale_);
+        std::swap(v_scale_, tmp.v_scale_);
         std::swap(keys_, tmp.keys_);
         std::swap(values_, tmp.values_);
         std::swap(lengths_, tmp.lengths_);
@@ -170,6 +178,15 @@ void KVCache::append(std::size_t b, const ConstHeads& k, const ConstHeads& v) {
 }
 
 namespace detail {
+
+void check_kv_scales(const char* what, DataType element, float k_scale, float v_scale) {
+    for (const auto& [name, x] : {std::pair<const char*, float>{"k_scale", k_scale}, {"v_scale", v_scale}}) {
+        if (has_tensor_scale(element) ? !(std::isfinite(x) && x > 0.0f) : x != 1.0f)
+            fail(std::string(what) + " " + name + " is " + std::to_string(x) + " but " +
+                 (has_tensor_scale(element) ? std::string("must be positive and finite")
+                                            : "must be 1 for a " + std::string(data_type_name(element)) + " cache (only fp8 takes scales)"));
+    }
+}
 
 void check_appended_rows(const ConstHeads& k, const ConstHeads& v, std::size_t kv_heads, std::size_t head_dim) {
     for (const auto& [name, x] : {std::pair<const char*, const ConstHeads*>{"k", &k}, {"v", &v}}) {

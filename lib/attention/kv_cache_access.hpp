@@ -12,6 +12,9 @@ namespace mha::detail {
 // The rows KVCache::append and PagedKVCache::append take: k and v [1, kv_heads, n, d], the same n
 // (mha::invalid_argument naming the argument otherwise).
 void check_appended_rows(const ConstHeads& k, const ConstHeads& v, std::size_t kv_heads, std::size_t head_dim);
+// fp8 caches: k_scale and v_scale positive and finite; the other types: both 1 (mha::invalid_argument naming
+// `what` and the scale otherwise).
+void check_kv_scales(const char* what, DataType element, float k_scale, float v_scale);
 
 struct KVCacheAccess {
     // The contiguous cache [B, Hkv, capacity, d]: one unblocked run per (sequence, KV head).
@@ -20,8 +23,9 @@ struct KVCacheAccess {
         r.base = values ? c.values_ : c.keys_;
         r.format = &element_format(c.element_);
         r.dim = c.head_dim_;
-        r.row_stride = c.head_dim_;
-        r.head_stride = c.capacity_ * c.head_dim_;
+        r.scale = values ? c.v_scale_ : c.k_scale_;
+        r.row_stride = r.format->row_elements(c.head_dim_);
+        r.head_stride = c.capacity_ * r.row_stride;
         r.batch_stride = c.kv_heads_ * r.head_stride;
         return r;
     }

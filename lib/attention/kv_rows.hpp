@@ -3,7 +3,7 @@
 //
 // Row j of sequence b, KV head h, is at element offset
 //   block(b, j)·batch_stride + h·head_stride + (j mod block_rows)·row_stride       from `base`,
-// of `format` (lib/core/element_format.hpp), where
+// of `format` (lib/core/element_format.hpp; strides in elements: an int8 row's stride covers its scales), where
 //   unblocked (block_table == nullptr): block(b, j) = b, block_rows = ∞ — SDPA's strided heads, the layer's
 //     projections, and the contiguous KVCache [B, Hkv, capacity, d] (batch_stride Hkv·capacity·d);
 //   blocked: block(b, j) = block_table[b·table_stride + j / block_rows] — a pool of fixed-size blocks
@@ -23,7 +23,8 @@ namespace mha::detail {
 struct KVRows {
     const void* base = nullptr;
     const ElementFormat* format = &element_format(DataType::f32);
-    std::size_t dim = 0;                                        // d: elements per row
+    std::size_t dim = 0;                                        // d: values per row (an int8 row's scales follow them)
+    float scale = 1.0f;                                         // the tensor scale of fp8 rows (k_scale / v_scale)
     std::size_t batch_stride = 0, head_stride = 0, row_stride = 0;  // elements; batch_stride: per block when blocked
     const std::uint32_t* block_table = nullptr;                 // blocked: [sequences, table_stride]
     std::size_t table_stride = 0, block_rows = 0;
@@ -65,12 +66,14 @@ struct KVRows {
     }
     // Row j of (b, h) rounded from src (d floats) to the format.
     void write_row(std::size_t b, std::size_t h, std::size_t j, const float* src) const noexcept {
-        format->narrow(src, row_bytes(b, h, j), dim);
+        format->narrow(src, row_bytes(b, h, j), dim, scale);
     }
     // Rows [lo, hi) of (b, h) widened into dst (hi − lo rows of d floats, stride >= d).
     void widen(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi, Matrix dst) const noexcept {
-        for (std::size_t j = lo; j < hi; ++j) format->widen(row_bytes(b, h, j), dst.row(j - lo), dim);
+        for (std::size_t j = lo; j < hi; ++j) format->widen(row_bytes(b, h, j), dst.row(j - lo), dim, scale);
     }
+    // Bytes of one stored row.
+    std::size_t stored_row_bytes() const noexcept { return format->row_bytes(dim); }
     // fp32 and unblocked: the rows as heads [batch, heads, rows, d], read in place.
     bool is_f32_heads() const noexcept { return format->type == DataType::f32 && block_table == nullptr; }
     ConstHeads f32_heads(std::size_t batch, std::size_t heads, std::size_t rows) const noexcept {

@@ -50,8 +50,10 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     if (cfg.head_dim == 0 && E % H != 0)
         fail("embed_dim " + std::to_string(E) + " is not a multiple of num_heads " + std::to_string(H) +
              " (set head_dim to choose the head dim)");
-    if (cfg.compute == DataType::f16)
-        fail("compute type f16 is not supported (f32 or bf16; f16 is a KV cache element type)");
+    if (cfg.compute != DataType::f32 && cfg.compute != DataType::bf16)
+        fail("compute type " + std::string(data_type_name(cfg.compute).empty() ? std::to_string(static_cast<int>(cfg.compute))
+                                                                              : data_type_name(cfg.compute)) +
+             " is not supported (f32 or bf16; f16, int8 and fp8 are KV cache element types)");
     detail::check_norm_eps(cfg.norm_eps);
     const std::size_t d = cfg.head_dim != 0 ? cfg.head_dim : E / H;
     const std::size_t kdim = cfg.kdim != 0 ? cfg.kdim : E, vdim = cfg.vdim != 0 ? cfg.vdim : E;
@@ -266,8 +268,8 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
     }
     std::vector<float> new_keys(B * Lq * Hkv * d), new_values(new_keys.size());
     const Batch k(new_keys.data(), B, Lq, Hkv * d), v(new_values.data(), B, Lq, Hkv * d);
-    reference::cached_attention(layer, call.in.query, out.output, call.opt, detail::element_format(cache->element_type()), past.data(),
-                                k, v);
+    reference::cached_attention(layer, call.in.query, out.output, call.opt, detail::element_format(cache->element_type()),
+                                cache->k_scale(), cache->v_scale(), past.data(), k, v);
     for (std::size_t b = 0; b < B; ++b)
         cache->append(b, ConstHeads(k[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d));
 }

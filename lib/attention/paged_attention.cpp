@@ -5,6 +5,7 @@
 
 #include "../core/validate.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "kv_cache_access.hpp"
 #include "simd_attention.hpp"
 
 namespace mha {
@@ -15,7 +16,8 @@ void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedS
                      const PagedAttentionOptions& options) {
     auto str = [](std::size_t n) { return std::to_string(n); };
     if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
-    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16 or f16");
+    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    detail::check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
     if (pool.num_blocks == 0 || pool.block_size == 0 || pool.kv_heads == 0 || pool.head_dim == 0)
         fail("the pool's num_blocks, block_size, kv_heads and head_dim must be non-zero");
     const std::size_t n = seqs.count, bs = pool.block_size, d = pool.head_dim;

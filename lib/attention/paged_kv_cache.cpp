@@ -36,8 +36,9 @@ KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tabl
     r.base = values ? pool.values : pool.keys;
     r.format = &element_format(pool.element);
     r.dim = pool.head_dim;
-    r.row_stride = pool.head_dim;
-    r.head_stride = pool.block_size * pool.head_dim;
+    r.scale = values ? pool.v_scale : pool.k_scale;
+    r.row_stride = r.format->row_elements(pool.head_dim);
+    r.head_stride = pool.block_size * r.row_stride;
     r.batch_stride = pool.kv_heads * r.head_stride;
     r.block_table = tables;
     r.table_stride = table_stride;
@@ -115,7 +116,7 @@ void PagedKVCacheAccess::prepare_step(PagedKVCache& c, const StepReservation& r)
     const StepComposition& step = *r.step;
     for (std::size_t i = 0; i < step.sequences; ++i)  // the tables' growth allocated now (a throw changes nothing)
         c.seqs_[step.ids[i]].blocks.reserve(blocks_for(step.key_lengths[i], c.pool_.block_size));
-    const std::size_t block_bytes = c.pool_.kv_heads * c.pool_.block_size * c.pool_.head_dim * element_format(c.pool_.element).bytes;
+    const std::size_t block_bytes = c.pool_.kv_heads * c.pool_.block_size * element_format(c.pool_.element).row_bytes(c.pool_.head_dim);
     for (const auto& [from, to] : r.copies) {
         auto* k = static_cast<unsigned char*>(c.pool_.keys);
         auto* v = static_cast<unsigned char*>(c.pool_.values);
@@ -144,9 +145,10 @@ void PagedKVCacheAccess::commit_step(PagedKVCache& c, const StepReservation& r) 
 }  // namespace detail
 
 PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::size_t kv_heads, std::size_t head_dim,
-                           DataType element) {
+                           DataType element, float k_scale, float v_scale) {
     if (!detail::is_element_type(element))
-        fail("PagedKVCache element type " + str(static_cast<int>(element)) + " is not f32, bf16 or f16");
+        fail("PagedKVCache element type " + str(static_cast<int>(element)) + " is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    detail::check_kv_scales("PagedKVCache", element, k_scale, v_scale);
     if (num_blocks == 0 || kv_heads == 0 || head_dim == 0)
         fail("PagedKVCache dimensions must be non-zero: num_blocks " + str(num_blocks) + ", kv_heads " + str(kv_heads) +
              ", head_dim " + str(head_dim));
@@ -154,7 +156,7 @@ PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::
     if (num_blocks > UINT32_MAX) fail("num_blocks " + str(num_blocks) + " exceeds 2^32 - 1");
     std::size_t n = detail::checked_madd(num_blocks, kv_heads, 0, "PagedKVCache", "size");
     n = detail::checked_madd(n, block_size, 0, "PagedKVCache", "size");
-    n = detail::checked_madd(n, head_dim, 0, "PagedKVCache", "size");
+    n = detail::checked_madd(n, detail::element_format(element).row_elements(head_dim), 0, "PagedKVCache", "size");
     detail::checked_extent("PagedKVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "PagedKVCache", "size"));
     const std::size_t size = detail::element_format(element).bytes, total = 2 * n * size;
     refs_.assign(num_blocks, 0);
@@ -165,7 +167,7 @@ PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::
     madvise(block, total, MADV_HUGEPAGE);  // as KVCache: a hint, harmless when refused
 #endif
     bytes_ = total;
-    pool_ = {block, block + n * size, element, num_blocks, block_size, kv_heads, head_dim};
+    pool_ = {block, block + n * size, element, num_blocks, block_size, kv_heads, head_dim, k_scale, v_scale};
 }
 
 PagedKVCache::~PagedKVCache() {
@@ -280,7 +282,8 @@ void PagedKVCache::copy_values(std::size_t s, std::size_t h, Matrix dst) const {
 
 void paged_write_kv(const PagedKVPool& pool, const ConstMatrix& k, const ConstMatrix& v, const std::int64_t* slots) {
     if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
-    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16 or f16");
+    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    detail::check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
     const std::size_t w = pool.kv_heads * pool.head_dim, T = k.rows, capacity = pool.num_blocks * pool.block_size;
     if (pool.block_size == 0 || w == 0) fail("the pool's block_size, kv_heads and head_dim must be non-zero");
     for (const auto& [name, x] : {std::pair<const char*, const ConstMatrix*>{"k", &k}, {"v", &v}}) {

@@ -2,7 +2,8 @@
 // reference kernels. For each sequence b with n_b cached tokens (past[b]) and Lq new tokens x_b:
 //   Q = x_b·Wqᵀ + bq [Lq, H·d],  K = x_b·Wkᵀ + bk,  V = x_b·Wvᵀ + bv [Lq, Hkv·d]
 //   with RoPE: every head row of Q and K of new token i rotated at position n_b + i
-//   K and V rounded to the cache's element format (what appending them stores), returned in new_keys / values
+//   K and V returned in new_keys / new_values as projected (appending them stores them rounded); attention
+//   uses them rounded to the cache's element format and widened back (fp8 with k_scale / v_scale), as stored
 //   C = attention_core over Q and the n_b + Lq rows (past, then the new ones), scale 1/sqrt(d), causal
 //       bottom-right
 //   out_b = C·Woᵀ + bo, then optionally LayerNorm(out_b + x_b)
@@ -17,30 +18,28 @@
 
 namespace mha::reference {
 void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt,
-                      const detail::ElementFormat& format, const CachedRows* past, Batch new_keys, Batch new_values) {
+                      const detail::ElementFormat& format, float k_scale, float v_scale, const CachedRows* past, Batch new_keys,
+                      Batch new_values) {
     const std::size_t H = layer.H, Hkv = layer.Hkv, d = layer.d;
     const std::size_t B = query.batch, Lq = query.rows;
-    std::vector<float> q(Lq * H * d), ctx(Lq * H * d), stored(format.bytes * d);
+    std::vector<float> q(Lq * H * d), ctx(Lq * H * d);
+    std::vector<unsigned char> stored(format.row_bytes(d));
     const Matrix Q(q.data(), Lq, H * d), C(ctx.data(), Lq, H * d);
     for (std::size_t b = 0; b < B; ++b) {
         const std::size_t n = past[b].length, L = n + Lq;
         const ConstMatrix x = query[b];
         const Matrix K = new_keys[b], V = new_values[b];
         project_inputs(layer, x, x, x, Q, K, V, n, n);
-        // Each new head row as the cache will hold it: rounded to the element format.
-        for (const Matrix& m : {K, V})
-            for (std::size_t i = 0; i < Lq; ++i)
-                for (std::size_t h = 0; h < Hkv; ++h) {
-                    format.narrow(m.row(i) + h * d, stored.data(), d);
-                    format.widen(stored.data(), m.row(i) + h * d, d);
-                }
         std::vector<float> kc(Hkv * L * d), vc(kc.size());  // [Hkv, n + Lq, d]: the past rows, then the new ones
         for (std::size_t h = 0; h < Hkv; ++h) {
             std::copy(past[b].keys + h * n * d, past[b].keys + (h + 1) * n * d, kc.begin() + h * L * d);
             std::copy(past[b].values + h * n * d, past[b].values + (h + 1) * n * d, vc.begin() + h * L * d);
+            // Each new head row as the cache will hold it: rounded to the element format, widened back.
             for (std::size_t i = 0; i < Lq; ++i) {
-                std::copy(K.row(i) + h * d, K.row(i) + (h + 1) * d, kc.begin() + (h * L + n + i) * d);
-                std::copy(V.row(i) + h * d, V.row(i) + (h + 1) * d, vc.begin() + (h * L + n + i) * d);
+                format.narrow(K.row(i) + h * d, stored.data(), d, k_scale);
+                format.widen(stored.data(), kc.data() + (h * L + n + i) * d, d, k_scale);
+                format.narrow(V.row(i) + h * d, stored.data(), d, v_scale);
+                format.widen(stored.data(), vc.data() + (h * L + n + i) * d, d, v_scale);
             }
         }
         SdpaInputs in;

@@ -81,10 +81,11 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
 // One step of incremental decoding (MultiheadAttention::forward with a KVCache), on the cache's rows as
 // plain floats: for each sequence b with past[b] holding its n_b cached K and V rows ([Hkv, n_b, d] each,
 // contiguous, as the cache stores them widened), the Lq new tokens query[b] are projected, their Q and K rows
-// rotated at positions n_b + i, K and V rounded to the cache's element format (narrowed and widened back:
-// what the cache will hold) and written to new_keys / new_values [B, Lq, Hkv·d]; then attention over the
-// n_b + Lq keys (bottom-right causal) projected out, and the optional post-norm (opt.norm_eps; the other
-// options do not apply). The caller appends new_keys / new_values to its cache. Validated by the caller.
+// rotated at positions n_b + i, K and V written to new_keys / new_values [B, Lq, Hkv·d] as projected; then
+// attention over the n_b + Lq keys (bottom-right causal; the new rows rounded to the cache's element format
+// and widened back, fp8 with k_scale / v_scale: what the cache will hold) projected out, and the optional
+// post-norm (opt.norm_eps; the other options do not apply). The caller appends new_keys / new_values to its
+// cache, which rounds them the same way. Validated by the caller.
 // Allocates its own scratch.
 struct CachedRows {
     const float* keys = nullptr;    // [Hkv, length, d]
@@ -92,6 +93,7 @@ struct CachedRows {
     std::size_t length = 0;
 };
 void cached_attention(const Layer& layer, ConstBatch query, Batch output, const ForwardOptions& opt,
-                      const detail::ElementFormat& format, const CachedRows* past, Batch new_keys, Batch new_values);
+                      const detail::ElementFormat& format, float k_scale, float v_scale, const CachedRows* past, Batch new_keys,
+                      Batch new_values);
 
 }  // namespace mha::reference

@@ -42,11 +42,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
 #include "decode.hpp"
 #include "mha/half.hpp"
+#include "mha/quantized.hpp"
 #include "gemm_microkernel.hpp"  // gemm_detail::unroll, gemm_detail::fmadd, MHA_GEMM_INLINE
 #include "read_ahead.hpp"        // RowStream, read_ahead
 #include "row_tail.hpp"          // row_detail::load_head / store_head (SSE2 partial vectors)
@@ -128,65 +130,108 @@ struct Part<arch_avx512> {
 };
 #endif
 
-// Vectors of W elements of T widened to float: full(p) reads p[0, W); part(p) reads only p[0, r) and gives
-// zeros in the other lanes (0 < r < W). float: plain and masked loads (Part); 16-bit types: scalar through
-// a buffer here (SSE2), conversion instructions in the specializations of the AVX2 and AVX-512 TUs.
+// The float value of element c of a K / V row of d elements of T: what ElementFormat::widen gives (exact;
+// int8: q·s_b with s_b the row's float16 scale of block c / 32; fp8: to_float·scale, the tensor's scale).
+template <class T>
+inline MHA_GEMM_INLINE float element_value(const T* row, std::size_t d, std::size_t c, float scale) noexcept {
+    if constexpr (std::is_same_v<T, float>)
+        return row[c];
+    else if constexpr (std::is_same_v<T, qint8>)
+        return static_cast<float>(row[c].bits) * int8_row_scale(row, d, c / kInt8Block);
+    else if constexpr (std::is_same_v<T, fp8_e4m3> || std::is_same_v<T, fp8_e5m2>)
+        return row[c].to_float() * scale;
+    else
+        return row[c].to_float();
+}
+
+// Bytes of a stored row of d elements of T (an int8 row with its scales).
+template <class T>
+constexpr std::size_t row_storage_bytes(std::size_t d) noexcept {
+    return std::is_same_v<T, qint8> ? int8_row_bytes(d) : d * sizeof(T);
+}
+
+// Reads a kernel's K / V rows of T as vectors of W floats: full(row, c) the values of columns [c, c + W),
+// part(row, c, r) those of [c, c + r) and zeros in the other lanes (0 < r < W; nothing past them read).
+// d: the row's elements (int8: where its scales start); scale: the tensor's scale (fp8). Here: one element
+// at a time (SSE2 and other ISAs); float with plain and masked loads, and the 16-bit and 8-bit types with
+// conversion instructions in specializations that exist only in the AVX2 and AVX-512 TUs.
 template <class Arch, class T, class = void>
-struct Widen {
+struct RowReader {
     using B = batch<Arch>;
-    std::size_t r;
-    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
-    static MHA_GEMM_INLINE B full(const T* p) noexcept {
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept {
         alignas(64) float t[B::size];
-        for (std::size_t i = 0; i < B::size; ++i) t[i] = p[i].to_float();
+        for (std::size_t i = 0; i < B::size; ++i) t[i] = element_value(row, d, c + i, scale);
         return B::load_aligned(t);
     }
-    MHA_GEMM_INLINE B part(const T* p) const noexcept {
+    MHA_GEMM_INLINE B part(const T* row, std::size_t c, std::size_t r) const noexcept {
         alignas(64) float t[B::size] = {};
-        for (std::size_t i = 0; i < r; ++i) t[i] = p[i].to_float();
+        for (std::size_t i = 0; i < r; ++i) t[i] = element_value(row, d, c + i, scale);
         return B::load_aligned(t);
     }
 };
 
 template <class Arch>
-struct Widen<Arch, float> {
+struct RowReader<Arch, float> {
     using B = batch<Arch>;
-    Part<Arch> p;
-    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : p(count) {}
-    static MHA_GEMM_INLINE B full(const float* x) noexcept { return B::load_unaligned(x); }
-    MHA_GEMM_INLINE B part(const float* x) const noexcept { return p.load(x); }
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE B full(const float* row, std::size_t c) const noexcept { return B::load_unaligned(row + c); }
+    MHA_GEMM_INLINE B part(const float* row, std::size_t c, std::size_t r) const noexcept { return Part<Arch>(r).load(row + c); }
 };
 
-// Archs whose TU defines load_16bit and to_float (the AVX2 and AVX-512 TUs below): 16-bit elements widened
+// Archs whose TU defines the conversions below (the AVX2 and AVX-512 TUs): 16-bit and 8-bit elements widened
 // with conversion instructions.
 template <class Arch>
 inline constexpr bool kWidensInRegisters = false;
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
-// 8 × 16 bits: a full 128-bit load, or r elements copied into a zeroed buffer.
+// 8 elements of 16 bits or 8 bits: a full load, or r elements copied into a zeroed buffer.
 inline MHA_GEMM_INLINE __m128i load_8x16(const void* p) noexcept { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline MHA_GEMM_INLINE __m128i load_8x16(const void* p, std::size_t r) noexcept {
     alignas(16) std::uint16_t t[8] = {};
     std::memcpy(t, p, r * 2);
     return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
 }
-inline MHA_GEMM_INLINE __m256 bf16x8_to_float(__m128i h) noexcept {
+inline MHA_GEMM_INLINE __m128i load_8x8(const void* p) noexcept { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+inline MHA_GEMM_INLINE __m128i load_8x8(const void* p, std::size_t r) noexcept {
+    alignas(16) std::uint8_t t[16] = {};
+    std::memcpy(t, p, r);
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+}
+inline MHA_GEMM_INLINE __m256 to_float(bfloat16, __m128i h) noexcept {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline MHA_GEMM_INLINE __m256 to_float(bfloat16, __m128i h) noexcept { return bf16x8_to_float(h); }
 inline MHA_GEMM_INLINE __m256 to_float(float16, __m128i h) noexcept { return _mm256_cvtph_ps(h); }
 inline MHA_GEMM_INLINE __m128i load_16bit(arch_avx2, const void* p) noexcept { return load_8x16(p); }
 inline MHA_GEMM_INLINE __m128i load_16bit(arch_avx2, const void* p, std::size_t r) noexcept { return load_8x16(p, r); }
+inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx2, const void* p) noexcept { return load_8x8(p); }
+inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx2, const void* p, std::size_t r) noexcept { return load_8x8(p, r); }
+// 8 int8 as floats; fp8 bytes as float16 bits (e5m2: the byte is the upper half; e4m3: sign, then exponent and
+// mantissa shifted so that the float16 value is the e4m3 value / 256, NaN (S.1111.111) mended after).
+inline MHA_GEMM_INLINE __m256 int8_to_float(__m128i b) noexcept { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+inline MHA_GEMM_INLINE float half_to_float(arch_avx2, std::uint16_t h) noexcept { return _cvtsh_ss(h); }
+inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e5m2, __m128i b) noexcept {
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8));
+}
+inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
+    const __m128i w = _mm_cvtepu8_epi16(b), low = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(low, 7));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(low, _mm_set1_epi16(0x7f))));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
+}
 template <>
 inline constexpr bool kWidensInRegisters<arch_avx2> = true;
 #endif
 
 #if defined(__AVX512F__)
-// 16 × 16 bits: a full 256-bit load, or a masked one (masked-off elements never fault).
-inline MHA_GEMM_INLINE __m512 bf16x16_to_float(__m256i h) noexcept {
+// 16 elements of 16 bits (a 256-bit load) or 8 bits (a 128-bit load), whole or masked (masked-off elements
+// never fault).
+inline MHA_GEMM_INLINE __m512 to_float(bfloat16, __m256i h) noexcept {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline MHA_GEMM_INLINE __m512 to_float(bfloat16, __m256i h) noexcept { return bf16x16_to_float(h); }
 inline MHA_GEMM_INLINE __m512 to_float(float16, __m256i h) noexcept { return _mm512_cvtph_ps(h); }
 inline MHA_GEMM_INLINE __m256i load_16bit(arch_avx512, const void* p) noexcept {
     return _mm256_loadu_si256(static_cast<const __m256i*>(p));
@@ -194,19 +239,69 @@ inline MHA_GEMM_INLINE __m256i load_16bit(arch_avx512, const void* p) noexcept {
 inline MHA_GEMM_INLINE __m256i load_16bit(arch_avx512, const void* p, std::size_t r) noexcept {
     return _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << r) - 1u), p);
 }
+inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx512, const void* p) noexcept { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx512, const void* p, std::size_t r) noexcept {
+    return _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << r) - 1u), p);
+}
+inline MHA_GEMM_INLINE __m512 int8_to_float(__m128i b) noexcept { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+inline MHA_GEMM_INLINE float half_to_float(arch_avx512, std::uint16_t h) noexcept { return _cvtsh_ss(h); }
+inline MHA_GEMM_INLINE __m512 fp8_to_float(fp8_e5m2, __m128i b) noexcept {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+}
+inline MHA_GEMM_INLINE __m512 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
+    const __m256i w = _mm256_cvtepu8_epi16(b), low = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8), _mm256_slli_epi16(low, 7));
+    const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    return _mm512_mask_mov_ps(v, _mm256_cmpeq_epi16_mask(low, _mm256_set1_epi16(0x7f)),
+                              _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+}
 template <>
 inline constexpr bool kWidensInRegisters<arch_avx512> = true;
 #endif
 
-// 16-bit elements (bf16: zero-extend and shift by 16; f16: vcvtph2ps): W lanes loaded whole, or the first r
-// (masked-off or zero-filled lanes never fault).
+// 16-bit elements (bf16: zero-extend and shift by 16; f16: vcvtph2ps).
 template <class Arch, class T>
-struct Widen<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch>>> {
+struct RowReader<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch>>> {
     using B = batch<Arch>;
-    std::size_t r;
-    explicit MHA_GEMM_INLINE Widen(std::size_t count) noexcept : r(count) {}
-    static MHA_GEMM_INLINE B full(const T* p) noexcept { return to_float(T{}, load_16bit(Arch{}, p)); }
-    MHA_GEMM_INLINE B part(const T* p) const noexcept { return to_float(T{}, load_16bit(Arch{}, p, r)); }
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept { return to_float(T{}, load_16bit(Arch{}, row + c)); }
+    MHA_GEMM_INLINE B part(const T* row, std::size_t c, std::size_t r) const noexcept {
+        return to_float(T{}, load_16bit(Arch{}, row + c, r));
+    }
+};
+
+// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32).
+template <class Arch>
+struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
+    using B = batch<Arch>;
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE B block_scale(const qint8* row, std::size_t c) const noexcept {
+        std::uint16_t h;
+        std::memcpy(&h, reinterpret_cast<const unsigned char*>(row) + d + 2 * (c / kInt8Block), 2);
+        return B(half_to_float(Arch{}, h));
+    }
+    MHA_GEMM_INLINE B full(const qint8* row, std::size_t c) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, row + c))) * block_scale(row, c);
+    }
+    MHA_GEMM_INLINE B part(const qint8* row, std::size_t c, std::size_t r) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, row + c, r))) * block_scale(row, c);
+    }
+};
+
+// fp8: to float16 bits, vcvtph2ps (e4m3: times 256, NaN mended), times the tensor's scale.
+template <class Arch, class T>
+struct RowReader<Arch, T, std::enable_if_t<(std::is_same_v<T, fp8_e4m3> || std::is_same_v<T, fp8_e5m2>) && kWidensInRegisters<Arch>>> {
+    using B = batch<Arch>;
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept {
+        return B(fp8_to_float(T{}, load_8bit(Arch{}, row + c))) * B(scale);
+    }
+    MHA_GEMM_INLINE B part(const T* row, std::size_t c, std::size_t r) const noexcept {
+        return B(fp8_to_float(T{}, load_8bit(Arch{}, row + c, r))) * B(scale);
+    }
 };
 
 // Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
@@ -312,16 +407,17 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
 
 // One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB).
 template <class Arch, class T, std::size_t QR, std::size_t KR>
-void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk, float* s,
-                 std::size_t lds) noexcept {
+void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk,
+                 float* s, std::size_t lds) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
+    const std::size_t d = reader.d;
     B acc[QB][4];
     unroll<QB>([&](auto m) MHA_GEMM_INLINE { unroll<4>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = B(0.0f); }); });
     // One vector of columns from c on: KR key vectors, then each query vector against all of them.
     auto step = [&](std::size_t c, auto load_k, auto load_q) MHA_GEMM_INLINE {
         B kv[KR];
-        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(k + j * ldk + c); });
+        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(k + j * ldk, c); });
         unroll<QR>([&](auto m) MHA_GEMM_INLINE {
             const B qv = load_q(q + m * ldq + c);
             unroll<KR>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = fmadd<Arch>(qv, kv[j], acc[m][j]); });
@@ -329,19 +425,19 @@ void scores_tile(std::size_t d, float scale, const float* q, std::size_t ldq, co
     };
     const std::size_t body = d - d % W;
     for (std::size_t c = 0; c < body; c += W)
-        step(c, [](const T* p) MHA_GEMM_INLINE { return Widen<Arch, T>::full(p); },
+        step(c, [&reader](const T* row, std::size_t col) MHA_GEMM_INLINE { return reader.full(row, col); },
              [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
     if (body < d) {
-        const Widen<Arch, T> part_k(d - body);
-        const Part<Arch> part_q(d - body);
-        step(body, [&part_k](const T* p) MHA_GEMM_INLINE { return part_k.part(p); },
+        const std::size_t r = d - body;
+        const Part<Arch> part_q(r);
+        step(body, [&reader, r](const T* row, std::size_t col) MHA_GEMM_INLINE { return reader.part(row, col, r); },
              [&part_q](const float* p) MHA_GEMM_INLINE { return part_q.load(p); });
     }
     reduce_store<Arch, QR, KR>(acc, scale, s, lds);
 }
 
 template <class Arch, class T>
-using ScoresTileFn = void (*)(std::size_t, float, const float*, std::size_t, const T*, std::size_t, float*,
+using ScoresTileFn = void (*)(const RowReader<Arch, T>&, float, const float*, std::size_t, const T*, std::size_t, float*,
                               std::size_t) noexcept;
 
 // Plain arrays (indexing them calls no std::array member, which two ISA TUs would share).
@@ -361,24 +457,24 @@ constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
 // ---- accumulate ------------------------------------------------------------------------------------
 
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
+// v: the rows' starts; the tile's columns start at c0 of them.
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
-void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v, std::size_t ldv, float* o,
-                     std::size_t ldo, std::size_t r, const RowPlan<Arch>& plan) noexcept {
+void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp, const T* v,
+                     std::size_t ldv, std::size_t c0, float* o, std::size_t ldo, std::size_t r, const RowPlan<Arch>& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
     const Part<Arch> part(P ? r : 1);
-    const Widen<Arch, T> part_v(P ? r : 1);
     auto load_o = [&](const float* x, auto i) MHA_GEMM_INLINE {
         if constexpr (P && decltype(i)::value == NF)
             return part.load(x + NF * W);
         else
             return B::load_unaligned(x + decltype(i)::value * W);
     };
-    auto load_v = [&](const T* x, auto i) MHA_GEMM_INLINE {
+    auto load_v = [&](const T* row, auto i) MHA_GEMM_INLINE {
         if constexpr (P && decltype(i)::value == NF)
-            return part_v.part(x + NF * W);
+            return reader.part(row, c0 + NF * W, r);
         else
-            return Widen<Arch, T>::full(x + decltype(i)::value * W);
+            return reader.full(row, c0 + decltype(i)::value * W);
     };
     B acc[MR][NA];
     unroll<MR>([&](auto m) MHA_GEMM_INLINE {
@@ -408,8 +504,8 @@ void accumulate_tile(std::size_t n, const float* p, std::size_t ldp, const T* v,
 }
 
 template <class Arch, class T>
-using AccumulateTileFn = void (*)(std::size_t, const float*, std::size_t, const T*, std::size_t, float*,
-                                  std::size_t, std::size_t, const RowPlan<Arch>&) noexcept;
+using AccumulateTileFn = void (*)(const RowReader<Arch, T>&, std::size_t, const float*, std::size_t, const T*, std::size_t,
+                                  std::size_t, float*, std::size_t, std::size_t, const RowPlan<Arch>&) noexcept;
 
 template <class Arch, class T>
 struct AccumulateTable {
@@ -438,13 +534,14 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 
 template <class Arch, class E>
 void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s,
-                                      const RowsAhead& ahead) const noexcept {
+                                      const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t QB = T::QB, KB = T::KB;
     static constexpr ScoresTable<Arch, E> table = make_scores_table<Arch, E>(std::make_index_sequence<QB * KB>{});
-    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = d * sizeof(E);
-    const RowStream<Arch> stream = row_stream<Arch>(k, ahead, kAheadBytes, kAheadMaxRows);
+    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = row_storage_bytes<E>(d);
+    const RowReader<Arch, E> reader{d, kv_scale};
+    const RowStream<Arch> stream = row_stream<Arch>(k, bytes, ahead, kAheadBytes, kAheadMaxRows);
     if (M != 0 && d != 0) read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
     const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
@@ -465,9 +562,9 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
                 const float* qm = q.data + m * q.stride;
                 float* sm = s.data + m * s.stride + j;
                 if (qr == QB && kr == KB)
-                    scores_tile<Arch, E, QB, KB>(d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                    scores_tile<Arch, E, QB, KB>(reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
                 else
-                    table.f[qr - 1][kr - 1](d, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                    table.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
             }
         }
     }
@@ -475,7 +572,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
 
 template <class Arch, class E>
 void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o,
-                                          const RowsAhead& ahead) const noexcept {
+                                          const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t W = T::W, MB = T::MB, NV = T::NV;
@@ -483,7 +580,8 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (NV + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
-    const RowStream<Arch> stream = row_stream<Arch>(v, ahead, kAheadBytes, kAheadMaxRows);
+    const RowReader<Arch, E> reader{d, kv_scale};
+    const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
@@ -502,7 +600,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         auto plan = [&]() {
             RowPlan<Arch> rp;
             rp.ld = v.stride * sizeof(E);
-            rp.bytes = d * sizeof(E);
+            rp.bytes = row_storage_bytes<E>(d);
             if (t == 0) {  // the first tile reads ahead as far past its rows as the chunk is long
                 rp.stream = &stream;
                 rp.ahead_first = j0 + stream.distance;
@@ -522,14 +620,14 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
                 const std::size_t c = b * NV * W;
                 const RowPlan<Arch> rp = plan();
                 if (mr == MB)
-                    accumulate_tile<Arch, E, MB, NV, false>(jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
+                    accumulate_tile<Arch, E, MB, NV, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
                 else
-                    table.f[mr - 1][NV][0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, 0, rp);
+                    table.f[mr - 1][NV][0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
             }
             if (tail_full != 0 || r != 0) {
                 const std::size_t c = blocks * NV * W;
                 const RowPlan<Arch> rp = plan();
-                table.f[mr - 1][tail_full][r != 0](jn, pm, p.stride, vj + c, v.stride, om + c, o.stride, r, rp);
+                table.f[mr - 1][tail_full][r != 0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, r, rp);
             }
         }
     }

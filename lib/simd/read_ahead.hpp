@@ -32,15 +32,15 @@ struct RowStream {
     }
 };
 
-// The stream of x's rows then ahead's (ignored unless its rows are as long as x's), read ahead by about
-// ahead_bytes, at least 4 rows and at most max_rows (at most the smallest run a caller has: a paged cache's
-// smallest block, so that the distance never skips a whole run).
+// The stream of x's rows (row_bytes bytes each) then ahead's (ignored unless its rows are as long), read ahead
+// by about ahead_bytes, at least 4 rows and at most max_rows (at most the smallest run a caller has: a paged
+// cache's smallest block, so that the distance never skips a whole run).
 template <class Arch, class E>
-inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<const E> x, const RowsAhead& ahead,
+inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<const E> x, std::size_t row_bytes, const RowsAhead& ahead,
                                                                  std::size_t ahead_bytes, std::size_t max_rows) noexcept {
     RowStream<Arch> r;
     r.own = reinterpret_cast<const char*>(x.data);
-    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = x.cols * sizeof(E);
+    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = row_bytes;
     if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
     if (r.bytes != 0) {
         const std::size_t rows = (ahead_bytes + r.bytes - 1) / r.bytes;

@@ -12,7 +12,7 @@ struct RowsAhead {
     const void* data = nullptr;    // the first row (null: none)
     std::size_t rows = 0;          // rows that follow, equally strided
     std::size_t stride_bytes = 0;  // bytes from one row to the next
-    std::size_t row_bytes = 0;     // bytes of one row (d elements)
+    std::size_t row_bytes = 0;     // bytes of one stored row (d elements; an int8 row with its scales)
 };
 
 }  // namespace mha::simd

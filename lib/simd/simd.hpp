@@ -157,9 +157,9 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // bitwise the same whatever M is, wherever the element sits in s / o, and however the rows are split
 // across calls; repeated calls give bitwise equal results. No allocation; single-threaded.
 
-// K and V may be float, bfloat16 or float16 (a KV cache's element type, strides in elements): 16-bit elements
-// are widened to float exactly as they are loaded, and the arithmetic and its order are those of float K / V
-// holding the widened values (bitwise the same results).
+// K and V may be of any KV element type (float, bfloat16, float16, qint8, fp8_e4m3, fp8_e5m2; strides in
+// elements): they are widened to float as they are loaded, to exactly ElementFormat::widen's values, and the
+// arithmetic and its order are those of float K / V holding the widened values (bitwise the same results).
 
 // One overload of each per element type of MHA_KV_ELEMENT_TYPES (lib/core/element_format.hpp):
 // decode_scores: s[m, j] = scale·Σ_c q[m, c]·k[j, c]: q [M, d], k [n, d], s [M, n] (written, not read).
@@ -167,10 +167,13 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // splitting the rows of v into consecutive calls gives bitwise the same o): p [M, n], v [n, d], o [M, d].
 // n == 0 leaves o untouched.
 // ahead: the rows the caller reads next (rows_ahead.hpp), prefetched as the kernel nears the end of its own;
-// it changes no result.
+// it changes no result. kv_scale: the tensor scale of fp8 rows (k_scale / v_scale; ignored by the other types).
+// int8 rows (mha/quantized.hpp) hold d values then their scales: the view's stride covers both, its cols are d.
 #define MHA_DECODE_DECLARE_(name, E)                                                                              \
-    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead = {}) noexcept; \
-    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead = {}) noexcept;
+    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead = {},   \
+                       float kv_scale = 1.0f) noexcept;                                                           \
+    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead = {},            \
+                           float kv_scale = 1.0f) noexcept;
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
 #undef MHA_DECODE_DECLARE_
 

@@ -1,0 +1,276 @@
+// The decode kernels mha::simd::decode_scores / decode_accumulate on 8-bit K and V (a KV cache's int8, fp8_e4m3
+// and fp8_e5m2 rows, mha/quantized.hpp), once per ISA this CPU has (mha::set_isa_cap).
+// Contract (simd.hpp): the rows are widened as they are loaded to exactly ElementFormat::widen's values (int8:
+// q·s_b with the row's float16 scale of block b; fp8: to_float·scale), and the arithmetic and its order are those
+// of float K / V holding them. So the oracle is the float kernel itself on the widened rows, and the check is
+// bitwise equality, a NaN equal to any NaN (the float kernel has its own error bounds in
+// test_simd_decode_kernels.cpp). A lane read
+// from the wrong column, a wrong block's scale, a lost tail element, a wrong conversion (every fp8 code is
+// used, NaN and the subnormals included) or a read of padding changes the bits.
+// Covered: M ∈ {1, 2, 3, 4, 5, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 16, 17, 255} × d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31, 32,
+// 33, 63, 64, 80, 128, 129} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and their short
+// last one), odd row strides and element offsets, fp8 scales 1, 0.37 and 3; the padding of every row (after
+// an int8 row's scales too), the rows past n and guards around the buffer hold NaN codes (0x7f / 0xff for
+// fp8, a NaN scale for int8: a read one makes a result NaN); K / V that end at a PROT_NONE page.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mha/mha.hpp>
+
+#include "core/element_format.hpp"
+#include "simd/isa_table.hpp"
+#include "simd/simd.hpp"
+
+namespace {
+
+using mha::ConstMatrix;
+using mha::DataType;
+using mha::Isa;
+using mha::Matrix;
+
+constexpr std::size_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 17};
+constexpr std::size_t kNs[] = {1, 2, 3, 4, 5, 16, 17, 255};
+constexpr std::size_t kDs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 80, 128, 129};
+constexpr std::size_t kGuard = 67;
+constexpr std::uint32_t kSentinelBits = 0x7fc0beefu;
+
+// rows of d values of type t in a byte buffer: stride (elements = bytes) = the stored row + pad, `extra` rows
+// after the view, every byte outside the rows 0xff (an fp8 NaN; for int8 it lands in the scales: NaN).
+// wide() is the same rows widened by ElementFormat (its outside: the float sentinel NaN).
+struct ByteMat {
+    DataType type;
+    float scale;
+    std::size_t rows, d, stride, begin, extra;
+    std::vector<unsigned char> buf;
+    std::vector<float> wide_buf;
+    ByteMat(DataType t, float s, std::size_t r, std::size_t cols, std::size_t pad, std::size_t offset, std::size_t ex)
+        : type(t), scale(s), rows(r), d(cols), stride(mha::detail::element_format(t).row_elements(cols) + pad), begin(kGuard + offset),
+          extra(ex) {
+        buf.assign(begin + (r + ex) * stride + kGuard, 0xff);
+        wide_buf.assign(kGuard + (r + ex) * d + kGuard, std::bit_cast<float>(kSentinelBits));
+    }
+    unsigned char* row(std::size_t i) { return buf.data() + begin + i * stride; }
+    // Values spanning several binades (and, for fp8 with small scales, the subnormals), quantized.
+    void fill(std::mt19937& gen) {
+        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+        std::uniform_int_distribution<int> e(-8, 6);
+        std::vector<float> x(d);
+        for (std::size_t i = 0; i < rows; ++i) {
+            for (float& v : x) v = std::ldexp(dist(gen), e(gen));
+            set_row(i, x.data());
+        }
+    }
+    void set_row(std::size_t i, const float* x) {
+        const auto& f = mha::detail::element_format(type);
+        f.narrow(x, row(i), d, scale);
+        f.widen(row(i), wide_buf.data() + kGuard + i * d, d, scale);
+    }
+    // Every fp8 code, cycled over the elements (NaN and ±0 and the subnormals included).
+    void fill_codes(std::size_t first) {
+        for (std::size_t i = 0; i < rows; ++i) {
+            for (std::size_t j = 0; j < d; ++j) row(i)[j] = static_cast<unsigned char>((first + i * d + j) % 256);
+            mha::detail::element_format(type).widen(row(i), wide_buf.data() + kGuard + i * d, d, scale);
+        }
+    }
+    template <class E>
+    mha::MatrixView<const E> view() const {
+        return {reinterpret_cast<const E*>(buf.data() + begin), rows, d, stride};
+    }
+    ConstMatrix wide() const { return {wide_buf.data() + kGuard, rows, d, d}; }
+};
+
+struct FloatMat {
+    std::size_t rows, cols, stride;
+    std::vector<float> buf;
+    FloatMat(std::size_t r, std::size_t c, std::size_t pad) : rows(r), cols(c), stride(c + pad) {
+        buf.assign(2 * kGuard + r * stride, std::bit_cast<float>(kSentinelBits));
+    }
+    void fill(std::mt19937& gen, float lo, float hi) {
+        std::uniform_real_distribution<float> dist(lo, hi);
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = 0; j < cols; ++j) buf[kGuard + i * stride + j] = dist(gen);
+    }
+    Matrix view() { return {buf.data() + kGuard, rows, cols, stride}; }
+    ConstMatrix cview() const { return {buf.data() + kGuard, rows, cols, stride}; }
+};
+
+// The same bits, except that a NaN equals any NaN (a NaN's sign and payload are not part of the contract: the
+// fp8 NaN codes widen to quiet NaNs whose payloads the conversion instructions choose).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]) && !(std::isnan(a[i]) && std::isnan(b[i])))
+            return false;
+    return true;
+}
+
+template <class F>
+void with_type(DataType t, F&& f) {
+    if (t == DataType::int8) return f(mha::qint8{});
+    if (t == DataType::fp8_e4m3) return f(mha::fp8_e4m3{});
+    f(mha::fp8_e5m2{});
+}
+
+void scores(float scale, ConstMatrix q, const ByteMat& k, Matrix s) {
+    with_type(k.type, [&](auto e) { mha::simd::decode_scores(scale, q, k.view<decltype(e)>(), s, {}, k.scale); });
+}
+void accumulate(ConstMatrix p, const ByteMat& v, Matrix o) {
+    with_type(v.type, [&](auto e) { mha::simd::decode_accumulate(p, v.view<decltype(e)>(), o, {}, v.scale); });
+}
+
+struct Param {
+    Isa isa;
+    DataType type;
+};
+
+class Decode8Bit : public ::testing::TestWithParam<Param> {
+protected:
+    void SetUp() override {
+        if (GetParam().isa > mha::detected_isa()) GTEST_SKIP() << "this CPU has no " << mha::isa_name(GetParam().isa);
+        saved_ = mha::active_isa();
+        mha::set_isa_cap(GetParam().isa);
+        ASSERT_EQ(mha::active_isa(), GetParam().isa);
+    }
+    void TearDown() override { mha::set_isa_cap(saved_); }
+    Isa saved_ = Isa::avx512_bf16;
+};
+
+float scale_for(DataType t, std::size_t c) {
+    if (t == DataType::int8) return 1.0f;
+    const float s[] = {1.0f, 0.37f, 3.0f};
+    return s[c % 3];
+}
+
+TEST_P(Decode8Bit, ScoresEqualTheFloatKernelOnWidenedKeys) {
+    const DataType t = GetParam().type;
+    std::mt19937 gen(21);
+    std::size_t c = 0;
+    for (std::size_t M : kMs)
+        for (std::size_t n : kNs)
+            for (std::size_t d : kDs) {
+                ++c;
+                const std::size_t pad = c % 3 == 0 ? 0 : c % 7, offset = c % 5;
+                FloatMat q(M, d, c % 2), s8(M, n, c % 3), s32(M, n, c % 3);
+                q.fill(gen, -2.0f, 2.0f);
+                ByteMat k(t, scale_for(t, c), n, d, pad, offset, 2);
+                k.fill(gen);
+                scores(0.37f, q.cview(), k, s8.view());
+                mha::simd::decode_scores(0.37f, q.cview(), k.wide(), s32.view());
+                ASSERT_TRUE(same_bits(s8.buf, s32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
+            }
+}
+
+TEST_P(Decode8Bit, AccumulateEqualsTheFloatKernelOnWidenedValues) {
+    const DataType t = GetParam().type;
+    std::mt19937 gen(22);
+    std::size_t c = 0;
+    for (std::size_t M : kMs)
+        for (std::size_t n : kNs)
+            for (std::size_t d : kDs) {
+                ++c;
+                const std::size_t pad = c % 3 == 0 ? 0 : c % 7, offset = c % 5;
+                FloatMat p(M, n, c % 2), o8(M, d, c % 3);
+                p.fill(gen, 0.0f, 1.0f);
+                o8.fill(gen, -1.0f, 1.0f);
+                FloatMat o32 = o8;
+                ByteMat v(t, scale_for(t, c), n, d, pad, offset, 2);
+                v.fill(gen);
+                accumulate(p.cview(), v, o8.view());
+                mha::simd::decode_accumulate(p.cview(), v.wide(), o32.view());
+                ASSERT_TRUE(same_bits(o8.buf, o32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
+            }
+}
+
+// Every fp8 code (NaN, ±0, subnormals, the largest finite, e5m2's ±inf) widens exactly; for int8, blocks whose
+// scale is NaN (a block that held NaN or ±inf), zero, subnormal or the largest float16.
+TEST_P(Decode8Bit, SpecialValuesWidenExactly) {
+    const DataType t = GetParam().type;
+    std::mt19937 gen(23);
+    for (std::size_t d : {std::size_t(5), std::size_t(16), std::size_t(37), std::size_t(64)}) {
+        const std::size_t n = 23, M = 3;
+        ByteMat k(t, t == DataType::int8 ? 1.0f : 0.5f, n, d, 1, 0, 0);
+        if (t == DataType::int8) {
+            std::vector<float> x(d);
+            std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+            const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.0f, 1e-6f,
+                                      1e10f, 1.0f};
+            for (std::size_t i = 0; i < n; ++i) {
+                for (std::size_t j = 0; j < d; ++j) x[j] = dist(gen) * specials[(i + j / 32) % 6];
+                if ((i + 1) % 6 == 0) x[d / 2] = -std::numeric_limits<float>::infinity();
+                k.set_row(i, x.data());
+            }
+        } else {
+            k.fill_codes(7);
+        }
+        FloatMat q(M, d, 0), s8(M, n, 0), s32(M, n, 0), p(M, n, 0), o8(M, d, 0);
+        q.fill(gen, -1.0f, 1.0f);
+        p.fill(gen, 0.0f, 1.0f);
+        FloatMat o32 = o8;
+        scores(1.0f, q.cview(), k, s8.view());
+        mha::simd::decode_scores(1.0f, q.cview(), k.wide(), s32.view());
+        EXPECT_TRUE(same_bits(s8.buf, s32.buf)) << "scores, d " << d;
+        accumulate(p.cview(), k, o8.view());
+        mha::simd::decode_accumulate(p.cview(), k.wide(), o32.view());
+        EXPECT_TRUE(same_bits(o8.buf, o32.buf)) << "accumulate, d " << d;
+    }
+}
+
+// K / V whose last byte is the last of a page followed by a PROT_NONE page: no read past the tile (for int8 the
+// row ends with its scales).
+TEST_P(Decode8Bit, ReadsEndAtTheTile) {
+    const DataType t = GetParam().type;
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    std::mt19937 gen(24);
+    for (const auto& [M, n, d, pad] : std::vector<std::array<std::size_t, 4>>{
+             {1, 1, 1, 0}, {4, 4, 16, 0}, {5, 17, 129, 3}, {3, 255, 3, 1}, {9, 16, 17, 0}, {4, 255, 128, 0}, {2, 5, 15, 2}}) {
+        ByteMat k(t, 0.75f, n, d, pad, 0, 0);
+        k.fill(gen);
+        const std::size_t row = mha::detail::element_format(t).row_elements(d), ld = k.stride, bytes = (n - 1) * ld + row;
+        const std::size_t span = (bytes + page - 1) / page * page;
+        void* map = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT_NE(map, MAP_FAILED);
+        ASSERT_EQ(mprotect(static_cast<char*>(map) + span, page, PROT_NONE), 0);
+        auto* h = static_cast<unsigned char*>(map) + span - bytes;
+        for (std::size_t i = 0; i < n; ++i) std::memcpy(h + i * ld, k.row(i), row);
+        FloatMat q(M, d, 0), p(M, n, 0), s_want(M, n, 0), s(M, n, 0), o_want(M, d, 0);
+        q.fill(gen, -1.0f, 1.0f);
+        p.fill(gen, 0.0f, 1.0f);
+        FloatMat o = o_want;
+        mha::simd::decode_scores(0.5f, q.cview(), k.wide(), s_want.view());
+        mha::simd::decode_accumulate(p.cview(), k.wide(), o_want.view());
+        with_type(t, [&](auto e) {
+            using E = decltype(e);
+            const mha::MatrixView<const E> view(reinterpret_cast<const E*>(h), n, d, ld);
+            mha::simd::decode_scores(0.5f, q.cview(), view, s.view(), {}, 0.75f);
+            mha::simd::decode_accumulate(p.cview(), view, o.view(), {}, 0.75f);
+        });
+        EXPECT_TRUE(same_bits(s.buf, s_want.buf)) << "M " << M << " n " << n << " d " << d;
+        EXPECT_TRUE(same_bits(o.buf, o_want.buf)) << "M " << M << " n " << n << " d " << d;
+        munmap(map, span + page);
+    }
+}
+
+std::vector<Param> params() {
+    std::vector<Param> v;
+    for (Isa isa : mha::simd::kSimdIsas)
+        for (DataType t : {DataType::int8, DataType::fp8_e4m3, DataType::fp8_e5m2}) v.push_back({isa, t});
+    return v;
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+    return std::string(mha::isa_name(info.param.isa)) + "_" + std::string(mha::data_type_name(info.param.type));
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsaAndType, Decode8Bit, ::testing::ValuesIn(params()), param_name);
+
+}  // namespace
