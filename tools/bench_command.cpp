@@ -157,6 +157,13 @@ const char* op_name(BenchOp op) {
     return "?";
 }
 
+// --k-scale / --v-scale take an fp8 --kv-type.
+void check_scales(const BenchOptions& opt) {
+    if ((opt.k_scale != 1.0f || opt.v_scale != 1.0f) && !has_tensor_scale(opt.kv_type))
+        throw tool_error("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2), not " +
+                         std::string(data_type_name(opt.kv_type)));
+}
+
 const char* impl_name(Algorithm impl) {
     switch (impl) {
         case Algorithm::automatic: return "auto";
@@ -297,7 +304,8 @@ void bench_command(const BenchOptions& opt) {
             std::vector<float> output(query.size());
             const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
             // The cached tokens: random K and V, Lk rows per (sequence, KV head), appended sequence by sequence.
-            KVCache cache(B, Hkv, d, capacity, opt.kv_type);
+            check_scales(opt);
+            KVCache cache(B, Hkv, d, capacity, opt.kv_type, opt.k_scale, opt.v_scale);
             {
                 const std::vector<float> k = random_values(count_of("the cached keys", {Hkv, Lk, d}), 1.0f, rng);
                 const std::vector<float> v = random_values(count_of("the cached values", {Hkv, Lk, d}), 1.0f, rng);
@@ -321,7 +329,7 @@ void bench_command(const BenchOptions& opt) {
             const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
             flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * lq * (lk + lq) * hd;
             const double weight_bytes = double(attention.weight_bytes_read());
-            const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkvd, capacity, data_type_bytes(opt.kv_type)});
+            const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkv, capacity, kv_row_bytes(opt.kv_type, d)});
             bytes = weight_bytes + double(cache_bytes);
             j["impl"] = impl_name(opt.impl);
             j["path"] = std::string(attention_path_name(path));
@@ -362,7 +370,8 @@ void bench_command(const BenchOptions& opt) {
                 for (std::size_t t = 0; t < q_lens[i]; ++t) pairs += double(past[i] + t + 1);
             }
             const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
-            PagedKVCache cache(blocks, bs, Hkv, d, opt.kv_type);
+            check_scales(opt);
+            PagedKVCache cache(blocks, bs, Hkv, d, opt.kv_type, opt.k_scale, opt.v_scale);
             std::vector<std::size_t> ids;
             {
                 std::size_t longest = 0;
@@ -390,7 +399,7 @@ void bench_command(const BenchOptions& opt) {
                 }
             }
             const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
-            const double kv_bytes = 2.0 * double(Hkvd) * keys * double(data_type_bytes(opt.kv_type));
+            const double kv_bytes = 2.0 * double(Hkv) * keys * double(kv_row_bytes(opt.kv_type, d));
             const double core_flops = 4.0 * double(Hd) * pairs;
             const int th = opt.threads.value_or(0);
             if (opt.core_only) {

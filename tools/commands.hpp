@@ -44,6 +44,8 @@ struct RunOptions {
     // --kv-type: the KV cache's element type (absent: f32); only with the KV cache path. Past and new K / V
     // are rounded into it, and present_key.npy / present_value.npy hold the cached (rounded) values as float32.
     std::optional<DataType> kv_type;
+    // --k-scale / --v-scale: an fp8 cache's scales (absent: 1); refused with another cache type or without a cache.
+    std::optional<float> k_scale, v_scale;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
@@ -79,7 +81,8 @@ struct BenchOptions {
     std::optional<std::size_t> head_dim;  // default: attention embed / heads; sdpa 64
     std::optional<std::size_t> kdim, vdim;     // attention: key / value features, default embed
     std::optional<float> rope_theta;           // attention, decode: rotary embeddings (half style, all dims)
-    DataType kv_type = DataType::f32;          // decode: the KV cache's element type (--kv-type)
+    DataType kv_type = DataType::f32;          // decode, step: the KV cache's element type (--kv-type)
+    float k_scale = 1.0f, v_scale = 1.0f;      // decode, step: an fp8 cache's scales (--k-scale, --v-scale)
     bool causal = false;
     Algorithm impl = Algorithm::automatic;
     // step: one serving step over a paged cache (decode sequences and prefill chunks in one call)

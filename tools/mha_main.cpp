@@ -41,7 +41,8 @@ const std::map<std::string, BenchOp> op_names{{"attention", BenchOp::attention},
                                               {"layernorm", BenchOp::layernorm}};
 const std::map<std::string, mha::DataType> dtype_names{{"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}};
 const std::map<std::string, mha::DataType> kv_type_names{
-    {"f32", mha::DataType::f32}, {"bf16", mha::DataType::bf16}, {"f16", mha::DataType::f16}};
+    {"f32", mha::DataType::f32},   {"bf16", mha::DataType::bf16},         {"f16", mha::DataType::f16},
+    {"int8", mha::DataType::int8}, {"fp8_e4m3", mha::DataType::fp8_e4m3}, {"fp8_e5m2", mha::DataType::fp8_e5m2}};
 const std::map<std::string, mha::RopeStyle> rope_style_names{{"half", mha::RopeStyle::half},
                                                              {"interleaved", mha::RopeStyle::interleaved}};
 
@@ -129,9 +130,16 @@ int main(int argc, char** argv) {
     std::string run_kv_type;
     CLI::Option* run_kv_type_opt =
         run->add_option("--kv-type", run_kv_type,
-                        "KV cache element type: f32 (default), bf16 or f16 (KV cache path only: past_key.npy or --chunk); "
-                        "K and V are rounded into it and present_*.npy hold the rounded values as float32")
+                        "KV cache element type: f32 (default), bf16, f16, int8 (blocks of 32 with a float16 scale), fp8_e4m3 or "
+                        "fp8_e5m2 (KV cache path only: past_key.npy or --chunk); K and V are rounded into it and present_*.npy "
+                        "hold the stored values, dequantized, as float32")
             ->check(CLI::IsMember(kv_type_names));
+    float run_k_scale = 1.0f, run_v_scale = 1.0f;
+    CLI::Option* run_k_scale_opt =
+        run->add_option("--k-scale", run_k_scale, "fp8 KV cache: the keys' scale (stored fp8(k / S), read as fp8·S; default 1)")
+            ->check(positive);
+    CLI::Option* run_v_scale_opt =
+        run->add_option("--v-scale", run_v_scale, "fp8 KV cache: the values' scale (default 1)")->check(positive);
     run->add_option("--out", run_opts.out,
                     "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
                     "beside it");
@@ -243,8 +251,13 @@ int main(int argc, char** argv) {
                                    ->check(thread_count);
     std::string bench_kv_type = "f32";
     only_for(bench->add_option("--kv-type", bench_kv_type,
-                               "decode: KV cache element type f32 (default), bf16 or f16 (gbps counts the cache at its size)")
+                               "decode, step: KV cache element type f32 (default), bf16, f16, int8, fp8_e4m3 or fp8_e5m2 (gbps "
+                               "counts the cache at its size, an int8 row's scales included)")
                  ->check(CLI::IsMember(kv_type_names)),
+             {BenchOp::decode, BenchOp::step});
+    only_for(bench->add_option("--k-scale", bench_opts.k_scale, "decode, step: an fp8 cache's key scale (default 1)")->check(positive),
+             {BenchOp::decode, BenchOp::step});
+    only_for(bench->add_option("--v-scale", bench_opts.v_scale, "decode, step: an fp8 cache's value scale (default 1)")->check(positive),
              {BenchOp::decode, BenchOp::step});
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
@@ -280,6 +293,8 @@ int main(int argc, char** argv) {
             if (position_offset_opt->count() > 0) run_opts.position_offset = position_offset;
             if (chunk_opt->count() > 0) run_opts.chunk = chunk;
             if (run_kv_type_opt->count() > 0) run_opts.kv_type = kv_type_names.at(run_kv_type);
+            if (run_k_scale_opt->count() > 0) run_opts.k_scale = run_k_scale;
+            if (run_v_scale_opt->count() > 0) run_opts.v_scale = run_v_scale;
             if (run_bottom_right) {
                 run_opts.causal = true;
                 run_opts.causal_alignment = mha::CausalAlignment::bottom_right;

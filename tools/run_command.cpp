@@ -29,9 +29,10 @@
 //     [B, Hkv, Lp + Lq, d] beside it: sequence b's first past_lengths[b] + Lq rows are its cache rows, the
 //     rest zeros. Self-attention only (no key.npy / value.npy), no masks, no --need-weights, no
 //     --position-offset, no --causal-bottom-right (--causal may be given: it is what happens anyway).
-//     --kv-type f32|bf16|f16 (only on this path; default f32): the cache's element type. Past and new K and V
-//     are rounded into it (round to nearest even), attention uses the rounded values, and present_*.npy
-//     (float32) hold them.
+//     --kv-type f32|bf16|f16|int8|fp8_e4m3|fp8_e5m2 (only on this path; default f32): the cache's element type.
+//     Past and new K and V are rounded into it (round to nearest even; mha/quantized.hpp for the 8-bit types),
+//     attention uses the stored values, and present_*.npy (float32) hold them dequantized. --k-scale S and
+//     --v-scale S: an fp8 cache's scales (default 1; only with an fp8 --kv-type).
 //   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
 //   --bf16-raw: every float input and weight file (query, key, value, the projection weights and biases,
 //   norm.*, past_key / past_value) must be a uint16 array of bfloat16 bit patterns, widened exactly to float;
@@ -167,6 +168,8 @@ void run_command(const RunOptions& opt) {
                  (has_past ? " (past_lengths[b] + i)" : " (0, 1, ...)"));
     } else if (opt.kv_type) {
         fail("--kv-type applies only to the KV cache path (past_key.npy / past_value.npy in the folder, or --chunk)");
+    } else if (opt.k_scale || opt.v_scale) {
+        fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2)");
     }
 
     // key [B, Lk, kdim], value [B, Lk, vdim]; the packed projections need kdim = vdim = E.
@@ -396,7 +399,11 @@ void run_command(const RunOptions& opt) {
         attention.forward(inputs, outputs, fo);
     } else {
         // The past in a cache of capacity Lp + Lq, then the query in calls of --chunk tokens (one call without).
-        KVCache cache(B, Hkv, d, capacity, opt.kv_type.value_or(DataType::f32));
+        const DataType kv_type = opt.kv_type.value_or(DataType::f32);
+        if ((opt.k_scale || opt.v_scale) && !has_tensor_scale(kv_type))
+            fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2), not " +
+                 std::string(data_type_name(kv_type)));
+        KVCache cache(B, Hkv, d, capacity, kv_type, opt.k_scale.value_or(1.0f), opt.v_scale.value_or(1.0f));
         const std::size_t past_head = Lp * d, past_batch = Hkv * past_head;  // strides in past_*.npy
         for (std::size_t b = 0; b < B; ++b) {
             const std::size_t off = b * past_batch;

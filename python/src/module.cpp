@@ -229,7 +229,8 @@ struct PyKVCache {
     mha::KVCache cache;
     std::atomic<bool> busy{false};
 
-    PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap, mha::DataType type) : cache(b, h, d, cap, type) {}
+    PyKVCache(std::size_t b, std::size_t h, std::size_t d, std::size_t cap, mha::DataType type, float ks, float vs)
+        : cache(b, h, d, cap, type, ks, vs) {}
 };
 
 // Refuses a second concurrent user of a cache (KVCache, PagedKVCache) for the guard's lifetime.
@@ -256,7 +257,8 @@ struct PyPagedKVCache {
     mha::PagedKVCache cache;
     std::atomic<bool> busy{false};
 
-    PyPagedKVCache(std::size_t n, std::size_t bs, std::size_t h, std::size_t d, mha::DataType type) : cache(n, bs, h, d, type) {}
+    PyPagedKVCache(std::size_t n, std::size_t bs, std::size_t h, std::size_t d, mha::DataType type, float ks, float vs)
+        : cache(n, bs, h, d, type, ks, vs) {}
 };
 
 struct PagedUse : InUse<PyPagedKVCache> {
@@ -277,8 +279,11 @@ py::array paged_rows(const PyPagedKVCache& c, std::size_t s, bool values) {
 }
 
 mha::DataType parse_kv_dtype(const std::string& dtype) {
-    if (dtype != "f32" && dtype != "bf16" && dtype != "f16") value_error("dtype must be 'f32', 'bf16' or 'f16', got '" + dtype + "'");
-    return dtype == "bf16" ? mha::DataType::bf16 : dtype == "f16" ? mha::DataType::f16 : mha::DataType::f32;
+    for (mha::DataType t : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16, mha::DataType::int8, mha::DataType::fp8_e4m3,
+                            mha::DataType::fp8_e5m2})
+        if (dtype == mha::data_type_name(t)) return t;
+    value_error("dtype must be 'f32', 'bf16', 'f16', 'int8', 'fp8_e4m3' or 'fp8_e5m2', got '" + dtype + "'");
+    return mha::DataType::f32;
 }
 
 std::vector<std::size_t> sizes_of(py::handle h, const char* name) {
@@ -292,11 +297,27 @@ std::vector<std::size_t> sizes_of(py::handle h, const char* name) {
 }
 
 // A read-only [B, Hkv, capacity, d] numpy view of the cache's keys or values that keeps the cache alive: float32,
-// float16, or uint16 holding bfloat16 bits, as the cache's element type.
+// float16, or uint16 holding bfloat16 bits, as the cache's element type. The 8-bit types (whose values need
+// their scales): a float32 copy, dequantized exactly, rows at or past length(b) zero.
 py::array cache_view(py::object self, bool keys) {
     auto& c = self.cast<PyKVCache&>();
     const mha::KVCache& kv = c.cache;
     const mha::DataType t = kv.element_type();
+    if (mha::data_type_bytes(t) == 1) {
+        const std::size_t B = kv.batch(), H = kv.kv_heads(), L = kv.capacity(), d = kv.head_dim();
+        py::array_t<float> a({B, H, L, d});
+        auto* out = a.mutable_data();
+        std::fill(out, out + B * H * L * d, 0.0f);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t h = 0; h < H; ++h) {
+                const mha::Matrix dst(out + (b * H + h) * L * d, kv.length(b), d);
+                if (keys)
+                    kv.copy_keys(b, h, dst);
+                else
+                    kv.copy_values(b, h, dst);
+            }
+        return a;
+    }
     const py::dtype dtype = t == mha::DataType::f32 ? py::dtype::of<float>()
                             : t == mha::DataType::f16 ? py::dtype("float16")
                                                       : py::dtype::of<std::uint16_t>();
@@ -710,14 +731,17 @@ PYBIND11_MODULE(_mha, m) {
           py::arg("backend"), py::arg("impl"), py::arg("out"));
 
     py::class_<PyKVCache>(m, "KVCache")
-        .def(py::init([](std::size_t b, std::size_t h, std::size_t d, std::size_t cap, const std::string& dtype) {
-                 if (dtype != "f32" && dtype != "bf16" && dtype != "f16")
-                     value_error("dtype must be 'f32', 'bf16' or 'f16', got '" + dtype + "'");
-                 const mha::DataType t = dtype == "bf16" ? mha::DataType::bf16 : dtype == "f16" ? mha::DataType::f16 : mha::DataType::f32;
-                 return std::make_unique<PyKVCache>(b, h, d, cap, t);
+        .def(py::init([](std::size_t b, std::size_t h, std::size_t d, std::size_t cap, const std::string& dtype, float ks, float vs) {
+                 return std::make_unique<PyKVCache>(b, h, d, cap, parse_kv_dtype(dtype), ks, vs);
              }),
-             py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"), py::arg("dtype") = "f32")
+             py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"), py::arg("dtype") = "f32", py::kw_only(),
+             py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f,
+             "KVCache(batch, kv_heads, head_dim, capacity, dtype='f32', *, k_scale=1.0, v_scale=1.0): dtype 'f32', 'bf16', 'f16',\n"
+             "'int8' (blocks of 32 values with a float16 scale) or 'fp8_e4m3' / 'fp8_e5m2' (stored fp8(k / k_scale), read back as\n"
+             "fp8 * k_scale; the scales are for fp8 only).")
         .def_property_readonly("dtype", [](const PyKVCache& c) { return std::string(mha::data_type_name(c.cache.element_type())); })
+        .def_property_readonly("k_scale", [](const PyKVCache& c) { return c.cache.k_scale(); })
+        .def_property_readonly("v_scale", [](const PyKVCache& c) { return c.cache.v_scale(); })
         .def_property_readonly("batch", [](const PyKVCache& c) { return c.cache.batch(); })
         .def_property_readonly("kv_heads", [](const PyKVCache& c) { return c.cache.kv_heads(); })
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.cache.head_dim(); })
@@ -741,16 +765,20 @@ PYBIND11_MODULE(_mha, m) {
              },
              py::arg("b"), py::arg("key"), py::arg("value"))
         .def("keys", [](py::object self) { return cache_view(std::move(self), true); },
-             "Read-only view [B, Hkv, capacity, d] (float32, float16, or uint16 bfloat16 bits); rows at or past length(b) are stale.")
+             "Read-only view [B, Hkv, capacity, d] (float32, float16, or uint16 bfloat16 bits); rows at or past length(b) are stale.\n"
+             "int8 / fp8 caches: a float32 copy of the dequantized values, rows at or past length(b) zero.")
         .def("values", [](py::object self) { return cache_view(std::move(self), false); },
-             "Read-only view [B, Hkv, capacity, d]; rows at or past length(b) are stale.");
+             "Read-only view [B, Hkv, capacity, d] as keys(); rows at or past length(b) are stale (8-bit types: zero).");
 
     py::class_<PyPagedKVCache>(m, "PagedKVCache")
-        .def(py::init([](std::size_t n, std::size_t bs, std::size_t h, std::size_t d, const std::string& dtype) {
-                 return std::make_unique<PyPagedKVCache>(n, bs, h, d, parse_kv_dtype(dtype));
+        .def(py::init([](std::size_t n, std::size_t bs, std::size_t h, std::size_t d, const std::string& dtype, float ks, float vs) {
+                 return std::make_unique<PyPagedKVCache>(n, bs, h, d, parse_kv_dtype(dtype), ks, vs);
              }),
-             py::arg("num_blocks"), py::arg("block_size"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("dtype") = "f32")
+             py::arg("num_blocks"), py::arg("block_size"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("dtype") = "f32",
+             py::kw_only(), py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f)
         .def_property_readonly("dtype", [](const PyPagedKVCache& c) { return std::string(mha::data_type_name(c.cache.element_type())); })
+        .def_property_readonly("k_scale", [](const PyPagedKVCache& c) { return c.cache.k_scale(); })
+        .def_property_readonly("v_scale", [](const PyPagedKVCache& c) { return c.cache.v_scale(); })
         .def_property_readonly("num_blocks", [](const PyPagedKVCache& c) { return c.cache.num_blocks(); })
         .def_property_readonly("block_size", [](const PyPagedKVCache& c) { return c.cache.block_size(); })
         .def_property_readonly("kv_heads", [](const PyPagedKVCache& c) { return c.cache.kv_heads(); })

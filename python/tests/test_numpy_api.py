@@ -322,7 +322,7 @@ def test_kv_cache_half_element_types_hold_the_rounded_keys(dtype):
             bits = view32.view(np.uint32).astype(np.uint64)
             want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
             np.testing.assert_array_equal(view16, want)
-    with pytest.raises(ValueError, match="dtype must be 'f32', 'bf16' or 'f16'"):
+    with pytest.raises(ValueError, match="dtype must be 'f32', 'bf16', 'f16', 'int8', 'fp8_e4m3' or 'fp8_e5m2'"):
         mha.KVCache(1, 1, 8, 4, dtype="fp8")
 
 
