@@ -1,6 +1,7 @@
 // The paged KV cache and variable-length steps (mha/paged_kv_cache.hpp, MultiheadAttention::forward_step):
 //   steps mixing prefill chunks and decodes vs each sequence alone in a contiguous B = 1 KVCache fed the same
-//   chunks (bitwise: batch invariance and paged = contiguous), for every block size and element type, layer
+//   chunks (bitwise: batch invariance and paged = contiguous), for every block size and element type (the 8-bit
+//   ones included), layer
 //   shapes that take the decode, grouped and materialized paths, 1 / 2 / 3 threads, any sequence order;
 //   f32 steps against the float64 evaluation of each sequence from its own token history (decode_test_util.hpp);
 //   fork and copy-on-write, truncate / free / reuse of blocks (non-consecutive, reused ids), pool exhaustion
@@ -176,7 +177,8 @@ TEST(PagedKVCache, StepsEqualEachSequenceAloneInAContiguousCache) {
             const DecoderLayer layer(sh.E, sh.H, sh.Hkv, sh.d, mha::RopeConfig{}, true, true, 901);
             const mha::MultiheadAttention m = layer.make();
             const std::vector<std::vector<float>> x = token_rows(sh.E, 77);
-            for (mha::DataType type : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16}) {
+            for (mha::DataType type : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16, mha::DataType::int8,
+                                       mha::DataType::fp8_e4m3, mha::DataType::fp8_e5m2}) {
                 std::vector<mha::KVCache> alone_caches;
                 const StepOutputs alone = run_alone(m, layer, x, type, &alone_caches);
                 for (std::size_t bs : {16u, 64u, 256u}) {
