@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cerrno>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <limits>
@@ -64,6 +65,15 @@ int main(int argc, char** argv) {
             const long long n = std::strtoll(v.c_str(), &end, 10);
             const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= 1;
             return ok ? std::string() : "must be a positive integer, got '" + v + "'";
+        },
+        "POSITIVE");
+    // A positive, finite real number (the fp8 cache scales).
+    const CLI::Validator positive_real(
+        [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            const bool ok = end != v.c_str() && *end == '\0' && std::isfinite(x) && x > 0 && x <= 3.4e38;
+            return ok ? std::string() : "must be a positive finite number, got '" + v + "'";
         },
         "POSITIVE");
 
@@ -137,9 +147,9 @@ int main(int argc, char** argv) {
     float run_k_scale = 1.0f, run_v_scale = 1.0f;
     CLI::Option* run_k_scale_opt =
         run->add_option("--k-scale", run_k_scale, "fp8 KV cache: the keys' scale (stored fp8(k / S), read as fp8·S; default 1)")
-            ->check(positive);
+            ->check(positive_real);
     CLI::Option* run_v_scale_opt =
-        run->add_option("--v-scale", run_v_scale, "fp8 KV cache: the values' scale (default 1)")->check(positive);
+        run->add_option("--v-scale", run_v_scale, "fp8 KV cache: the values' scale (default 1)")->check(positive_real);
     run->add_option("--out", run_opts.out,
                     "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
                     "beside it");
@@ -255,9 +265,9 @@ int main(int argc, char** argv) {
                                "counts the cache at its size, an int8 row's scales included)")
                  ->check(CLI::IsMember(kv_type_names)),
              {BenchOp::decode, BenchOp::step});
-    only_for(bench->add_option("--k-scale", bench_opts.k_scale, "decode, step: an fp8 cache's key scale (default 1)")->check(positive),
+    only_for(bench->add_option("--k-scale", bench_opts.k_scale, "decode, step: an fp8 cache's key scale (default 1)")->check(positive_real),
              {BenchOp::decode, BenchOp::step});
-    only_for(bench->add_option("--v-scale", bench_opts.v_scale, "decode, step: an fp8 cache's value scale (default 1)")->check(positive),
+    only_for(bench->add_option("--v-scale", bench_opts.v_scale, "decode, step: an fp8 cache's value scale (default 1)")->check(positive_real),
              {BenchOp::decode, BenchOp::step});
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");

@@ -28,7 +28,7 @@ def causal_reference(x, w, H, Hkv, d):
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "int8", "fp8_e4m3", "fp8_e5m2"])
 def test_mixed_steps_equal_each_sequence_alone(block_size, dtype):
     E, H, Hkv, d = 32, 4, 2, 8
     layer, w = make_layer(E, H, Hkv, d)

@@ -83,6 +83,7 @@ struct CacheCase {
     bool causal_flag = false;                  // pass --causal (accepted: it is what happens anyway)
     bool norm = false;                         // --norm-eps 1e-5 with norm weights
     std::optional<mha::DataType> kv_type = {};  // --kv-type (absent: f32)
+    std::optional<float> k_scale = {}, v_scale = {};  // --k-scale / --v-scale (fp8)
 };
 
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
@@ -178,7 +179,7 @@ struct Expected {
 Expected library(const CacheCase& c, const Layer& l, mha::Backend backend) {
     const std::size_t B = c.B, Hkv = c.Hkv, d = c.d, E = c.E, Lp = c.past ? c.Lp : 0, cap = Lp + c.Lq;
     const mha::MultiheadAttention attention(l.weights, l.config);
-    mha::KVCache cache(B, Hkv, d, cap, c.kv_type.value_or(mha::DataType::f32));
+    mha::KVCache cache(B, Hkv, d, cap, c.kv_type.value_or(mha::DataType::f32), c.k_scale.value_or(1.0f), c.v_scale.value_or(1.0f));
     for (std::size_t b = 0; b < B; ++b) {
         const std::size_t n = !c.past ? 0 : c.lengths.empty() ? Lp : std::size_t(c.lengths[b]);
         const std::size_t off = b * Hkv * Lp * d;
@@ -231,6 +232,8 @@ protected:
         if (c.causal_flag) a.push_back("--causal");
         if (c.norm) a.insert(a.end(), {"--norm-eps", "1e-5"});
         if (c.kv_type) a.insert(a.end(), {"--kv-type", std::string(mha::data_type_name(*c.kv_type))});
+        if (c.k_scale) a.insert(a.end(), {"--k-scale", std::to_string(*c.k_scale)});
+        if (c.v_scale) a.insert(a.end(), {"--v-scale", std::to_string(*c.v_scale)});
         return a;
     }
     // Runs the tool with output to base_/<name>/output.npy; returns that folder.
@@ -280,6 +283,7 @@ TEST_P(KvCacheVsLibrary, SameAsLibrary) {
                         if (i < n) {
                             const float past = l.past_k[((b * c.Hkv + h) * Lp + i) * c.d + x];
                             const mha::DataType t = c.kv_type.value_or(mha::DataType::f32);
+                            if (mha::data_type_bytes(t) == 1) continue;  // 8-bit rows: the library's (want.present_k) above
                             ASSERT_EQ(got, t == mha::DataType::bf16 ? mha::round_to_bf16(past)
                                            : t == mha::DataType::f16 ? mha::round_to_f16(past) : past);
                         } else if (i >= n + c.Lq) {
@@ -318,7 +322,14 @@ INSTANTIATE_TEST_SUITE_P(
                   .kv_type = mha::DataType::f16},
         CacheCase{.name = "ragged_bf16_norm", .lengths = {2, 6, 0}, .lengths_file = Lengths::int64, .norm = true,
                   .kv_type = mha::DataType::bf16},
-        CacheCase{.name = "explicit_f32", .B = 2, .Lp = 4, .Lq = 3, .kv_type = mha::DataType::f32}),
+        CacheCase{.name = "explicit_f32", .B = 2, .Lp = 4, .Lq = 3, .kv_type = mha::DataType::f32},
+        // The 8-bit types: present_*.npy hold the stored values dequantized (the library's, bit for bit).
+        CacheCase{.name = "decode_step_int8", .Lp = 40, .Lq = 1, .lengths = {40, 17, 1}, .lengths_file = Lengths::int32,
+                  .kv_type = mha::DataType::int8},
+        CacheCase{.name = "past_chunk2_e4m3_scaled", .lengths = {6, 0, 3}, .lengths_file = Lengths::int64, .chunk = 2,
+                  .kv_type = mha::DataType::fp8_e4m3, .k_scale = 0.25f, .v_scale = 2.0f},
+        CacheCase{.name = "decode_step_e5m2", .Lp = 40, .Lq = 1, .lengths = {40, 17, 1}, .lengths_file = Lengths::int32,
+                  .kv_type = mha::DataType::fp8_e5m2, .v_scale = 0.5f}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 // --chunk N against one causal `mha run` (no cache): the same up to float rounding; and against the
@@ -626,9 +637,11 @@ protected:
         const double s = j.value("ms_median", 0.0) * 1e-3;
         const double flops = 2 * B * Lq * (E * H * d + 2 * E * Hkv * d + H * d * E) + 4 * B * H * Lq * (Lk + Lq) * d;
         const std::string kv_type = j.value("kv_type", "");
-        const double element = kv_type == "f32" ? 4 : kv_type == "bf16" || kv_type == "f16" ? 2 : 0;  // bytes
-        EXPECT_GT(element, 0) << "kv_type " << kv_type;
-        const double cache_bytes = 2 * B * Hkv * (Lk + Lq) * d * element;
+        // Bytes of a stored row: d elements (an int8 row with its float16 scale per 32 values).
+        const double row = kv_type == "f32" ? 4 * d : kv_type == "bf16" || kv_type == "f16" ? 2 * d
+                           : kv_type == "int8" ? d + 2 * std::ceil(d / 32) : kv_type == "fp8_e4m3" || kv_type == "fp8_e5m2" ? d : 0;
+        EXPECT_GT(row, 0) << "kv_type " << kv_type;
+        const double cache_bytes = 2 * B * Hkv * (Lk + Lq) * row;
         EXPECT_NEAR(j.value("gflops", 0.0), flops / s / 1e9, 1e-9 * flops / s / 1e9);
         EXPECT_EQ(j.value("cache_bytes", 0.0), cache_bytes);
         const double bytes = j.value("weight_bytes", 0.0) + cache_bytes;
@@ -662,14 +675,21 @@ TEST_F(DecodeBench, SeveralNewTokensHeadDimRope) {
 
 // --kv-type: "kv_type" in the JSON, and the cache counted at its element size (checked in bench()).
 TEST_F(DecodeBench, KvTypes) {
-    for (const char* type : {"f32", "bf16", "f16"})
+    for (const char* type : {"f32", "bf16", "f16", "int8", "fp8_e4m3", "fp8_e5m2"})
         for (const char* backend : {"simd", "scalar"}) {
             SCOPED_TRACE(std::string(type) + " " + backend);
-            const nlohmann::json j = bench({"--batch", "2", "--kv-seq", "600", "--embed", "32", "--heads", "4", "--kv-heads", "2",
-                                            "--kv-type", type, "--backend", backend});
+            std::vector<std::string> a{"--batch", "2", "--kv-seq", "600", "--embed", "32", "--heads", "4", "--kv-heads", "2",
+                                       "--kv-type", type, "--backend", backend};
+            if (std::string(type).rfind("fp8", 0) == 0) a.insert(a.end(), {"--k-scale", "0.5", "--v-scale", "2"});
+            const nlohmann::json j = bench(a);
             EXPECT_EQ(j.value("kv_type", ""), type);
-            EXPECT_EQ(j.value("cache_bytes", 0.0), 2.0 * 2 * 2 * 601 * 8 * (std::string(type) == "f32" ? 4 : 2));
+            const std::string t(type);
+            const double row = t == "f32" ? 32 : t == "bf16" || t == "f16" ? 16 : t == "int8" ? 8 + 2 : 8;  // d = 8
+            EXPECT_EQ(j.value("cache_bytes", 0.0), 2.0 * 2 * 2 * 601 * row);
         }
+    const Result scale_without_fp8 = mha({"bench", "--op", "decode", "--kv-type", "int8", "--k-scale", "2"});
+    EXPECT_NE(scale_without_fp8.exit_code, 0);
+    EXPECT_NE(scale_without_fp8.err.find("--k-scale / --v-scale apply only to an fp8 KV cache"), std::string::npos) << scale_without_fp8.err;
     EXPECT_EQ(bench({"--batch", "1", "--kv-seq", "8", "--embed", "16", "--heads", "2"}).value("kv_type", ""), "f32");  // default
     const Result bad = mha({"bench", "--op", "decode", "--kv-type", "fp8"});
     EXPECT_NE(bad.exit_code, 0);
