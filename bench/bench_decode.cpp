@@ -4,8 +4,9 @@
 //   accumulate/M/d  per tile: decode_accumulate(p [M, 256], V tile, o [M, d])
 //   decode/M/d      per tile: both, K tile then V tile (a decode step without the softmax in between)
 // One iteration walks every tile of the cache once (rows contiguous, row stride d). M in {1, 4, 8, 16,
-// 32, 64, 128}, d in {64, 128}, and the cache's element type: type 0 f32, 1 bf16, 2 f16 (a KV cache of that
-// type: 16-bit K and V widened in registers; the same rows, half the bytes). At the default size, M = 4 and
+// 32, 64, 128}, d in {64, 128}, and the cache's element type: type 0 f32, 1 bf16, 2 f16, 3 int8, 4 fp8_e4m3,
+// 5 fp8_e5m2 (mha::DataType's values: a KV cache of that type, K and V widened in registers; the same rows,
+// half or a quarter of the bytes (an int8 row with its scales); fp8 with the scale 1). At the default size, M = 4 and
 // d = 128 is the attention core of one decode step of Llama-3-8B-like shapes (H = 32, Hkv = 8, 32768 keys).
 // Counters: GB/s = bytes of K (scores), V (accumulate) or K + V (decode) read ÷ time (at the element size), to compare with
 // the machine's read bandwidth (e.g. /tmp/mha-anchors/read_bw 32 1 20, run in the same sitting);
@@ -36,6 +37,7 @@
 
 #include <mha/mha.hpp>
 
+#include "core/element_format.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -91,16 +93,15 @@ Cache& cache_for(std::size_t d, mha::DataType type) {
         c.v = random_floats(c.rows * d, -1.0f, 1.0f, 2, g_huge_pages);
     }
     if (type != mha::DataType::f32 && c.half_type != type) {
-        const std::size_t n = c.rows * d, align = g_huge_pages ? std::size_t(2) << 20 : 64;
-        const std::size_t bytes = (n * 2 + align - 1) / align * align;
+        const std::size_t row = mha::kv_row_bytes(type, d), n = c.rows * row, align = g_huge_pages ? std::size_t(2) << 20 : 64;
+        const std::size_t bytes = (n + align - 1) / align * align;
         for (auto [dst, src] : {std::pair{&c.k16, c.k.get()}, std::pair{&c.v16, c.v.get()}}) {
             dst->reset();
-            auto* h = static_cast<std::uint16_t*>(std::aligned_alloc(align, bytes));
+            auto* h = static_cast<unsigned char*>(std::aligned_alloc(align, bytes));
             if (h == nullptr) throw std::bad_alloc();
             if (g_huge_pages) madvise(h, bytes, MADV_HUGEPAGE);
-            for (std::size_t i = 0; i < n; ++i)
-                h[i] = type == mha::DataType::bf16 ? mha::bfloat16::from_float(src[i]).bits : mha::float16::from_float(src[i]).bits;
-            dst->reset(h);
+            for (std::size_t i = 0; i < c.rows; ++i) mha::detail::element_format(type).narrow(src + i * d, h + i * row, d);
+            dst->reset(reinterpret_cast<std::uint16_t*>(h));
         }
         c.half_type = type;
     }
@@ -124,29 +125,32 @@ void run(benchmark::State& state, Op op) {
     // One pass over the cache with K and V of element type E.
     auto pass = [&](const auto* k, const auto* v) {
         using E = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+        const std::size_t ld = mha::detail::element_format(mha::detail::element_type_of<E>()).row_elements(d);  // elements per row
         // Tiles in groups of g_group: the scores of the group's K tiles, then its V tiles.
         for (std::size_t t0 = 0; t0 < tiles; t0 += g_group) {
             if (op != Op::accumulate)
                 for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_scores(scale, qv, mha::MatrixView<const E>(k + t * kTile * d, kTile, d), p_of(t));
+                    mha::simd::decode_scores(scale, qv, mha::MatrixView<const E>(k + t * kTile * ld, kTile, d, ld), p_of(t));
             if (op != Op::scores)
                 for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_accumulate(p_of(t), mha::MatrixView<const E>(v + t * kTile * d, kTile, d), ov);
+                    mha::simd::decode_accumulate(p_of(t), mha::MatrixView<const E>(v + t * kTile * ld, kTile, d, ld), ov);
         }
     };
     for (auto _ : state) {
-        if (type == mha::DataType::bf16)
-            pass(reinterpret_cast<const mha::bfloat16*>(c.k16.get()), reinterpret_cast<const mha::bfloat16*>(c.v16.get()));
-        else if (type == mha::DataType::f16)
-            pass(reinterpret_cast<const mha::float16*>(c.k16.get()), reinterpret_cast<const mha::float16*>(c.v16.get()));
-        else
+        if (type == mha::DataType::f32)
             pass(static_cast<const float*>(c.k.get()), static_cast<const float*>(c.v.get()));
+        else
+            mha::detail::visit_element_type(type, [&](auto e) {
+                using E = decltype(e);
+                if constexpr (!std::is_same_v<E, float>)
+                    pass(reinterpret_cast<const E*>(c.k16.get()), reinterpret_cast<const E*>(c.v16.get()));
+            });
         benchmark::DoNotOptimize(p.get());
         benchmark::DoNotOptimize(o.get());
         benchmark::ClobberMemory();
     }
     const double rows = double(tiles * kTile), tensors = op == Op::decode ? 2.0 : 1.0;
-    const double bytes = tensors * rows * double(d) * double(mha::data_type_bytes(type));
+    const double bytes = tensors * rows * double(mha::kv_row_bytes(type, d));
     const double flops = tensors * 2.0 * double(M) * rows * double(d);
     const double it = double(state.iterations());
     state.counters["GB"] = benchmark::Counter(bytes * it / 1e9, benchmark::Counter::kIsRate);
@@ -156,7 +160,7 @@ void run(benchmark::State& state, Op op) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-    for (std::int64_t type : {0, 1, 2})
+    for (std::int64_t type : {0, 1, 2, 3, 4, 5})
         for (std::int64_t d : {64, 128})
             for (std::int64_t M : {1, 4, 8, 16, 32, 64, 128}) b->Args({M, d, type});
     b->ArgNames({"M", "d", "type"});

@@ -8,8 +8,8 @@
 // from the wrong column, a wrong block's scale, a lost tail element, a wrong conversion (every fp8 code is
 // used, NaN and the subnormals included) or a read of padding changes the bits.
 // Covered: M ∈ {1, 2, 3, 4, 5, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 16, 17, 255} × d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31, 32,
-// 33, 63, 64, 80, 128, 129} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and their short
-// last one), odd row strides and element offsets, fp8 scales 1, 0.37 and 3; the padding of every row (after
+// 33, 63, 64, 80, 128, 129, 300, 544} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and their short
+// last one, more blocks than a vector has lanes), odd row strides and element offsets, fp8 scales 1, 0.37, 3 and 2e36; the padding of every row (after
 // an int8 row's scales too), the rows past n and guards around the buffer hold NaN codes (0x7f / 0xff for
 // fp8, a NaN scale for int8: a read one makes a result NaN); K / V that end at a PROT_NONE page.
 #include <gtest/gtest.h>
@@ -40,7 +40,7 @@ using mha::Matrix;
 
 constexpr std::size_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 17};
 constexpr std::size_t kNs[] = {1, 2, 3, 4, 5, 16, 17, 255};
-constexpr std::size_t kDs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 80, 128, 129};
+constexpr std::size_t kDs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 80, 128, 129, 300, 544};
 constexpr std::size_t kGuard = 67;
 constexpr std::uint32_t kSentinelBits = 0x7fc0beefu;
 
@@ -147,8 +147,8 @@ protected:
 
 float scale_for(DataType t, std::size_t c) {
     if (t == DataType::int8) return 1.0f;
-    const float s[] = {1.0f, 0.37f, 3.0f};
-    return s[c % 3];
+    const float s[] = {1.0f, 0.37f, 3.0f, 2e36f};  // 2e36: 256·scale overflows (e4m3 then scales in two products)
+    return s[c % 4];
 }
 
 TEST_P(Decode8Bit, ScoresEqualTheFloatKernelOnWidenedKeys) {

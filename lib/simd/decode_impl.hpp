@@ -155,11 +155,15 @@ constexpr std::size_t row_storage_bytes(std::size_t d) noexcept {
 // d: the row's elements (int8: where its scales start); scale: the tensor's scale (fp8). Here: one element
 // at a time (SSE2 and other ISAs); float with plain and masked loads, and the 16-bit and 8-bit types with
 // conversion instructions in specializations that exist only in the AVX2 and AVX-512 TUs.
+// row(p) makes what full / part read a row through (the row's start; for int8 on AVX2 / AVX-512 also its block
+// scales, widened once per row).
 template <class Arch, class T, class = void>
 struct RowReader {
     using B = batch<Arch>;
+    using Row = const T*;
     std::size_t d;
     float scale;
+    MHA_GEMM_INLINE Row row(const T* p) const noexcept { return p; }
     MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept {
         alignas(64) float t[B::size];
         for (std::size_t i = 0; i < B::size; ++i) t[i] = element_value(row, d, c + i, scale);
@@ -175,8 +179,10 @@ struct RowReader {
 template <class Arch>
 struct RowReader<Arch, float> {
     using B = batch<Arch>;
+    using Row = const float*;
     std::size_t d;
     float scale;
+    MHA_GEMM_INLINE Row row(const float* p) const noexcept { return p; }
     MHA_GEMM_INLINE B full(const float* row, std::size_t c) const noexcept { return B::load_unaligned(row + c); }
     MHA_GEMM_INLINE B part(const float* row, std::size_t c, std::size_t r) const noexcept { return Part<Arch>(r).load(row + c); }
 };
@@ -209,16 +215,23 @@ inline MHA_GEMM_INLINE __m128i load_16bit(arch_avx2, const void* p, std::size_t 
 inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx2, const void* p) noexcept { return load_8x8(p); }
 inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx2, const void* p, std::size_t r) noexcept { return load_8x8(p, r); }
 // 8 int8 as floats; fp8 bytes as float16 bits (e5m2: the byte is the upper half; e4m3: sign, then exponent and
-// mantissa shifted so that the float16 value is the e4m3 value / 256, NaN (S.1111.111) mended after).
+// mantissa shifted so that the float16 value is the e4m3 value / 256 (fp8_unit), NaN (S.1111.111) mended after).
 inline MHA_GEMM_INLINE __m256 int8_to_float(__m128i b) noexcept { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 inline MHA_GEMM_INLINE float half_to_float(arch_avx2, std::uint16_t h) noexcept { return _cvtsh_ss(h); }
+// The first n <= 8 float16 values at p as floats (lanes past n: 0).
+inline MHA_GEMM_INLINE __m256 block_scales(arch_avx2, const void* p, std::size_t n) noexcept {
+    return _mm256_cvtph_ps(n == 8 ? load_8x16(p) : load_8x16(p, n));
+}
+inline MHA_GEMM_INLINE __m256 pick_lane(arch_avx2, __m256 v, std::size_t b) noexcept {
+    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(static_cast<int>(b)));
+}
 inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e5m2, __m128i b) noexcept {
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8));
 }
 inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
     const __m128i w = _mm_cvtepu8_epi16(b), low = _mm_and_si128(w, _mm_set1_epi16(0x7f));
     const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(low, 7));
-    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 v = _mm256_cvtph_ps(h);  // the value / 256
     const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(low, _mm_set1_epi16(0x7f))));
     return _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
 }
@@ -245,13 +258,20 @@ inline MHA_GEMM_INLINE __m128i load_8bit(arch_avx512, const void* p, std::size_t
 }
 inline MHA_GEMM_INLINE __m512 int8_to_float(__m128i b) noexcept { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 inline MHA_GEMM_INLINE float half_to_float(arch_avx512, std::uint16_t h) noexcept { return _cvtsh_ss(h); }
+// The first n <= 16 float16 values at p as floats (lanes past n: 0).
+inline MHA_GEMM_INLINE __m512 block_scales(arch_avx512, const void* p, std::size_t n) noexcept {
+    return _mm512_cvtph_ps(load_16bit(arch_avx512{}, p, n));
+}
+inline MHA_GEMM_INLINE __m512 pick_lane(arch_avx512, __m512 v, std::size_t b) noexcept {
+    return _mm512_permutexvar_ps(_mm512_set1_epi32(static_cast<int>(b)), v);
+}
 inline MHA_GEMM_INLINE __m512 fp8_to_float(fp8_e5m2, __m128i b) noexcept {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
 }
 inline MHA_GEMM_INLINE __m512 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
     const __m256i w = _mm256_cvtepu8_epi16(b), low = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
     const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8), _mm256_slli_epi16(low, 7));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __m512 v = _mm512_cvtph_ps(h);  // the value / 256
     return _mm512_mask_mov_ps(v, _mm256_cmpeq_epi16_mask(low, _mm256_set1_epi16(0x7f)),
                               _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
 }
@@ -263,30 +283,43 @@ inline constexpr bool kWidensInRegisters<arch_avx512> = true;
 template <class Arch, class T>
 struct RowReader<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<Arch>>> {
     using B = batch<Arch>;
+    using Row = const T*;
     std::size_t d;
     float scale;
+    MHA_GEMM_INLINE Row row(const T* p) const noexcept { return p; }
     MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept { return to_float(T{}, load_16bit(Arch{}, row + c)); }
     MHA_GEMM_INLINE B part(const T* row, std::size_t c, std::size_t r) const noexcept {
         return to_float(T{}, load_16bit(Arch{}, row + c, r));
     }
 };
 
-// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32).
+// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32). The row's first W
+// block scales are widened once per row (row()) and picked by a permute; later blocks (d > 32·W) one at a time.
 template <class Arch>
 struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
     using B = batch<Arch>;
+    struct Row {
+        const qint8* p;
+        B scales;  // lanes b < min(blocks, W): the scale of block b
+    };
     std::size_t d;
     float scale;
-    MHA_GEMM_INLINE B block_scale(const qint8* row, std::size_t c) const noexcept {
+    MHA_GEMM_INLINE Row row(const qint8* p) const noexcept {
+        const std::size_t blocks = (d + kInt8Block - 1) / kInt8Block;
+        return {p, B(block_scales(Arch{}, reinterpret_cast<const unsigned char*>(p) + d, blocks < B::size ? blocks : B::size))};
+    }
+    MHA_GEMM_INLINE B block_scale(const Row& r, std::size_t c) const noexcept {
+        const std::size_t b = c / kInt8Block;
+        if (b < B::size) return B(pick_lane(Arch{}, r.scales, b));
         std::uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const unsigned char*>(row) + d + 2 * (c / kInt8Block), 2);
+        std::memcpy(&h, reinterpret_cast<const unsigned char*>(r.p) + d + 2 * b, 2);
         return B(half_to_float(Arch{}, h));
     }
-    MHA_GEMM_INLINE B full(const qint8* row, std::size_t c) const noexcept {
-        return B(int8_to_float(load_8bit(Arch{}, row + c))) * block_scale(row, c);
+    MHA_GEMM_INLINE B full(const Row& r, std::size_t c) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, r.p + c))) * block_scale(r, c);
     }
-    MHA_GEMM_INLINE B part(const qint8* row, std::size_t c, std::size_t r) const noexcept {
-        return B(int8_to_float(load_8bit(Arch{}, row + c, r))) * block_scale(row, c);
+    MHA_GEMM_INLINE B part(const Row& r, std::size_t c, std::size_t n) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, r.p + c, n))) * block_scale(r, c);
     }
 };
 
@@ -294,13 +327,24 @@ struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
 template <class Arch, class T>
 struct RowReader<Arch, T, std::enable_if_t<(std::is_same_v<T, fp8_e4m3> || std::is_same_v<T, fp8_e5m2>) && kWidensInRegisters<Arch>>> {
     using B = batch<Arch>;
+    using Row = const T*;
     std::size_t d;
     float scale;
-    MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept {
-        return B(fp8_to_float(T{}, load_8bit(Arch{}, row + c))) * B(scale);
+    MHA_GEMM_INLINE Row row(const T* p) const noexcept { return p; }
+    // Times the scale: e4m3's float16 values are a 256th of the value, so one product by 256·scale, which gives
+    // the bits of (value·256)·scale (256·scale is exact, and scaling by 256 commutes with rounding) unless
+    // 256·scale overflows.
+    MHA_GEMM_INLINE B scaled(B v) const noexcept {
+        if constexpr (std::is_same_v<T, fp8_e4m3>) {
+            const float s256 = scale * 256.0f;
+            return s256 <= std::numeric_limits<float>::max() ? v * B(s256) : (v * B(256.0f)) * B(scale);
+        } else {
+            return v * B(scale);
+        }
     }
+    MHA_GEMM_INLINE B full(const T* row, std::size_t c) const noexcept { return scaled(B(fp8_to_float(T{}, load_8bit(Arch{}, row + c)))); }
     MHA_GEMM_INLINE B part(const T* row, std::size_t c, std::size_t r) const noexcept {
-        return B(fp8_to_float(T{}, load_8bit(Arch{}, row + c, r))) * B(scale);
+        return scaled(B(fp8_to_float(T{}, load_8bit(Arch{}, row + c, r))));
     }
 };
 
@@ -415,9 +459,11 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
     B acc[QB][4];
     unroll<QB>([&](auto m) MHA_GEMM_INLINE { unroll<4>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = B(0.0f); }); });
     // One vector of columns from c on: KR key vectors, then each query vector against all of them.
+    typename RowReader<Arch, T>::Row rows[KR];
+    unroll<KR>([&](auto j) MHA_GEMM_INLINE { rows[j] = reader.row(k + j * ldk); });
     auto step = [&](std::size_t c, auto load_k, auto load_q) MHA_GEMM_INLINE {
         B kv[KR];
-        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(k + j * ldk, c); });
+        unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(rows[j], c); });
         unroll<QR>([&](auto m) MHA_GEMM_INLINE {
             const B qv = load_q(q + m * ldq + c);
             unroll<KR>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = fmadd<Arch>(qv, kv[j], acc[m][j]); });
@@ -425,12 +471,12 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
     };
     const std::size_t body = d - d % W;
     for (std::size_t c = 0; c < body; c += W)
-        step(c, [&reader](const T* row, std::size_t col) MHA_GEMM_INLINE { return reader.full(row, col); },
+        step(c, [&reader](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.full(row, col); },
              [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
     if (body < d) {
         const std::size_t r = d - body;
         const Part<Arch> part_q(r);
-        step(body, [&reader, r](const T* row, std::size_t col) MHA_GEMM_INLINE { return reader.part(row, col, r); },
+        step(body, [&reader, r](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.part(row, col, r); },
              [&part_q](const float* p) MHA_GEMM_INLINE { return part_q.load(p); });
     }
     reduce_store<Arch, QR, KR>(acc, scale, s, lds);
@@ -470,7 +516,7 @@ void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const floa
         else
             return B::load_unaligned(x + decltype(i)::value * W);
     };
-    auto load_v = [&](const T* row, auto i) MHA_GEMM_INLINE {
+    auto load_v = [&](const auto& row, auto i) MHA_GEMM_INLINE {
         if constexpr (P && decltype(i)::value == NF)
             return reader.part(row, c0 + NF * W, r);
         else
@@ -485,7 +531,8 @@ void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const floa
         if (j < n_ahead) read_ahead<Arch>(*plan.stream, plan.ahead_first + j, plan.ahead_first + j + 1);
         if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
-        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load_v(v, i); });
+        const typename RowReader<Arch, T>::Row row = reader.row(v);
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load_v(row, i); });
         unroll<MR>([&](auto m) MHA_GEMM_INLINE {
             const B pm(p[m * ldp]);
             unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
