@@ -67,7 +67,12 @@ std::size_t scratch_mul(std::size_t a, std::size_t b);
 struct CoreShape {
     std::size_t B = 0, H = 0, Hkv = 0, d = 0, Lq = 0, Lk = 0;
     DataType compute = DataType::f32;  // CoreProblem::compute
+    // K and V come as CoreProblem::key_rows / value_rows that are not fp32 heads (a 16-bit or 8-bit cache, a
+    // paged pool): the grouped path widens each block of rows it packs in a per-thread region.
+    bool widen_rows = false;
 };
+// Keys per packing task of the grouped path (a multiple of every ISA's panel width and of 16).
+inline constexpr std::size_t kGroupedPackBlock = 256;
 
 // Where the core's scratch lives, in floats: per-call regions from `call`, per-thread regions from `slot`
 // (the caller multiplies the slot by the thread count). Sizes cover every ISA this CPU has.
@@ -78,6 +83,7 @@ struct CoreLayout {
     std::size_t gemm_a = 0, gemm_b = 0;
     simd::GemmScratchSize gemm{};
     std::size_t gemm16 = 0, gemm16_floats = 0;  // per thread, grouped bf16: the bf16 GEMM's A pack buffer
+    std::size_t widen_rows = 0;                 // per thread, grouped with CoreShape::widen_rows: K then V rows of a pack block
 };
 CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot);
 
@@ -87,7 +93,8 @@ struct CoreProblem {
     ConstHeads q, k, v;  // [B, H, Lq, d], [B, Hkv, Lk, d], [B, Hkv, Lk, d]
     Heads out;           // [B, H, Lq, d]
     // Where decode reads K and V rows (kv_rows.hpp: any element format or layout, e.g. a KV cache's rows in
-    // place); base == nullptr: k / v. The other paths read k / v (fp32 heads).
+    // place), and the grouped path when they are not fp32 heads (widened block by block as it packs them:
+    // CoreShape::widen_rows); base == nullptr: k / v. The materialized path reads k / v (fp32 heads).
     KVRows key_rows, value_rows;
     float scale = 1.0f;
     bool causal = false;

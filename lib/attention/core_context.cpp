@@ -60,7 +60,7 @@ CoreSlot CoreContext::slot() const noexcept {
     float* s = thread_slot(slots_, slot_floats_, threads_);
     return {s + layout.q_stack, s + layout.scores, s + layout.accumulator, s + layout.row_stats,
             simd::GemmScratch{s + layout.gemm_a, layout.gemm.a_floats, s + layout.gemm_b, layout.gemm.b_floats},
-            reinterpret_cast<std::uint16_t*>(s + layout.gemm16)};
+            reinterpret_cast<std::uint16_t*>(s + layout.gemm16), s + layout.widen_rows};
 }
 
 KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {

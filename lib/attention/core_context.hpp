@@ -30,6 +30,7 @@ struct CoreSlot {
     float* row_stats;
     simd::GemmScratch gemm;
     std::uint16_t* gemm16;  // bf16 scratch (CoreLayout::gemm16)
+    float* widen_rows;      // CoreLayout::widen_rows
 };
 
 // Counts K and V rows read (kv_rows_read()).

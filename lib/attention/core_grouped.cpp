@@ -21,8 +21,7 @@
 namespace mha::detail {
 namespace {
 
-// Keys per packing task (a multiple of every ISA's panel width and of 16).
-constexpr std::size_t kPackBlock = 256;
+constexpr std::size_t kPackBlock = kGroupedPackBlock;
 
 // Each (batch, KV head)'s K_hᵀ and V_h in panels (fp32, or bf16 on the bf16 kernels), in the call's scratch.
 class GroupedPanels {
@@ -66,7 +65,16 @@ private:
         const std::size_t b = bh / c_.Hkv, kvh = bh % c_.Hkv, keys = c_.keys_of(b);
         if (j0 >= keys) return;  // rows past a sequence's keys are never read
         const std::size_t n = std::min(kPackBlock, keys - j0);
-        const ConstMatrix k = c_.p.k.head(b, kvh).row_block(j0, n), v = c_.p.v.head(b, kvh).row_block(j0, n);
+        ConstMatrix k, v;
+        if (c_.keys.is_f32_heads()) {
+            k = c_.p.k.head(b, kvh).row_block(j0, n), v = c_.p.v.head(b, kvh).row_block(j0, n);
+        } else {  // rows of another format or blocked: widened here, a pack block at a time
+            const CoreSlot s = c_.slot();
+            const Matrix wk(s.widen_rows, n, c_.d, c_.d), wv(s.widen_rows + kPackBlock * c_.d, n, c_.d, c_.d);
+            c_.keys.widen(b, kvh, j0, j0 + n, wk);
+            c_.values.widen(b, kvh, j0, j0 + n, wv);
+            k = wk, v = wv;
+        }
         if (bf16_) {  // an odd chunk's last pair gets a zero partner (P·V reads whole pairs)
             simd::pack_panels_bf16(k, Trans::yes, keys16_at(bh) + j0 / simd::kBf16PanelWidth * key_stride_, key_stride_);
             simd::pack_panels_bf16(v, Trans::no, values16_at(bh) + j0 * simd::kBf16PanelWidth, value_stride_);

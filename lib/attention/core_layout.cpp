@@ -45,7 +45,7 @@ CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t L
 CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot) {
     CoreLayout l;
     l.value_flags = call.take(scratch_mul(s.B, s.Hkv) / sizeof(float) + 1);
-    std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0, gemm16 = 0;
+    std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0, gemm16 = 0, widen = 0;
     if (path == CorePath::decode) {  // the decode kernels read K and V in place: no GEMM pack buffers
         const std::size_t m = s.H / s.Hkv * s.Lq;
         l.splits = (s.Lk + kDecodeSplit - 1) / kDecodeSplit;
@@ -68,6 +68,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         scores = scratch_mul(m, kKeyTile);
         accumulator = scratch_mul(m, s.d);
         row_stats = scratch_mul(2, m);
+        if (s.widen_rows) widen = scratch_mul(2 * kGroupedPackBlock, s.d);
         // bf16 panels take at most half the floats of the fp32 ones sized above; the A pack buffer is per thread.
         if (s.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
     } else {
@@ -95,6 +96,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     l.gemm_b = slot.take(l.gemm.b_floats);
     l.gemm16_floats = gemm16;
     l.gemm16 = slot.take(gemm16);
+    l.widen_rows = slot.take(widen);
     return l;
 }
 

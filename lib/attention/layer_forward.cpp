@@ -87,9 +87,12 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
     l.context = c.take(scratch_mul(scratch_mul(B, Lq), qw));
     l.cache_keys = call.core_keys;
     if (cache != nullptr) l.key_lengths = c.take(scratch_mul(B, sizeof(std::size_t) / sizeof(float)));
-    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute};
     const CorePath path = call.core_path;
-    if (cache != nullptr && !KVCacheAccess::keys(*cache).is_f32_heads() && path != CorePath::decode) {
+    // A cache whose rows are not fp32 heads: decode reads them in place, grouped widens them as it packs, the
+    // materialized path reads a widened copy.
+    const bool cache_rows = cache != nullptr && !KVCacheAccess::keys(*cache).is_f32_heads();
+    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute, cache_rows && path == CorePath::grouped};
+    if (cache_rows && path == CorePath::materialized) {
         const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
         l.widen_cache = true;
         l.widened_keys = c.take(floats);
@@ -376,7 +379,7 @@ void LayerForward::run() const {
     };
     CoreProblem p;
     p.q = heads(Q_, H);
-    if (cache_ != nullptr && layout_.widen_cache) {  // fp32 copies [B, Hkv, cache_keys, d] of the 16-bit rows
+    if (cache_ != nullptr && layout_.widen_cache) {  // fp32 copies [B, Hkv, cache_keys, d] of the rows (materialized)
         widen_cache(key_lengths);
         const std::size_t L = layout_.cache_keys;
         p.k = Heads(scratch_ + layout_.widened_keys, B_, Hkv, L, d, Hkv * L * d, L * d, d);
@@ -386,7 +389,7 @@ void LayerForward::run() const {
         const std::size_t L = layout_.cache_keys;
         p.key_rows = cache_keys_;
         p.value_rows = cache_values_;
-        // The other paths read fp32 heads; decode reads key_rows / value_rows, k / v give the geometry only.
+        // Decode and grouped read key_rows / value_rows (k / v give the geometry only); f32 heads are also read as such.
         p.k = cache_keys_.is_f32_heads() ? cache_keys_.f32_heads(B_, Hkv, L) : ConstHeads(nullptr, B_, Hkv, L, d, 0, 0, d);
         p.v = cache_values_.is_f32_heads() ? cache_values_.f32_heads(B_, Hkv, L) : ConstHeads(nullptr, B_, Hkv, L, d, 0, 0, d);
         p.key_lengths = key_lengths;

@@ -28,8 +28,8 @@ struct ScratchLayout : SlotLayout {
     std::size_t tokens16 = 0;
     std::size_t key_lengths = 0;  // with a cache: B size_t, each sequence's keys after the append
     std::size_t cache_keys = 0;   // with a cache: the core's Lk (the longest sequence after the append)
-    // With a bf16 / f16 cache on a path other than decode: the cached K and V widened to fp32,
-    // [B, Hkv, cache_keys, d] each (the decode path reads the 16-bit rows in place).
+    // With a cache whose rows are not fp32 heads on the materialized path: the cached K and V widened to fp32,
+    // [B, Hkv, cache_keys, d] each (decode reads the rows in place, grouped widens them as it packs).
     std::size_t widened_keys = 0, widened_values = 0;
     bool widen_cache = false;
     CoreLayout core;

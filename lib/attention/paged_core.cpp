@@ -45,13 +45,15 @@ PagedCoreLayout paged_core_layout(std::size_t n, const std::size_t* key_lengths,
             g.gathered_out = c.take(rows);
             g.lengths = c.take(scratch_mul(k, sizeof(std::size_t) / sizeof(float)));
             g.tables = c.take(scratch_mul(k, table_stride) + 1);  // uint32 ids: one float each
-        } else {
+        } else if (g.path == CorePath::materialized) {  // reads fp32 heads: the sequence widened into scratch
             const std::size_t floats = scratch_mul(scratch_mul(Hkv, g.keys), d);
             g.widened_k = c.take(floats);
             g.widened_v = c.take(floats);
             g.lengths = c.take(sizeof(std::size_t) / sizeof(float));
+        } else {  // grouped: widens the pool's rows as it packs them
+            g.lengths = c.take(sizeof(std::size_t) / sizeof(float));
         }
-        g.core = core_layout(CoreShape{k, H, Hkv, d, g.q, g.keys, compute}, g.path, NeedWeights::none, c, s);
+        g.core = core_layout(CoreShape{k, H, Hkv, d, g.q, g.keys, compute, g.path == CorePath::grouped}, g.path, NeedWeights::none, c, s);
         call_end = std::max(call_end, c.total);
         slot_end = std::max(slot_end, s.total);
     }
@@ -97,21 +99,27 @@ void run_decode_group(const PagedCoreProblem& p, const PagedCoreGroup& g, float*
 void run_single(const PagedCoreProblem& p, const PagedCoreGroup& g, float* base, float* slots, std::size_t slot_floats,
                 std::size_t threads) {
     const std::size_t i = g.members[0], L = g.keys, d = p.d, Hkv = p.Hkv, r0 = p.query_starts[i];
-    float* wk = base + g.widened_k;
-    float* wv = base + g.widened_v;
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
-        for (std::size_t h = r.begin(); h != r.end(); ++h) {
-            p.keys.widen(i, h, 0, L, Matrix(wk + h * L * d, L, d));
-            p.values.widen(i, h, 0, L, Matrix(wv + h * L * d, L, d));
-        }
-    });
     auto* length = reinterpret_cast<std::size_t*>(base + g.lengths);
     *length = L;
     CoreProblem c;
     c.q = ConstHeads(p.q.data + r0 * p.q.stride, 1, p.H, g.q, d, 0, d, p.q.stride);
     c.out = Heads(p.out.data + r0 * p.out.stride, 1, p.H, g.q, d, 0, d, p.out.stride);
-    c.k = ConstHeads(wk, 1, Hkv, L, d, Hkv * L * d, L * d, d);
-    c.v = ConstHeads(wv, 1, Hkv, L, d, Hkv * L * d, L * d, d);
+    if (g.path == CorePath::grouped) {  // the sequence's rows in the pool, as a batch of one
+        c.key_rows = p.keys, c.value_rows = p.values;
+        c.key_rows.block_table = c.value_rows.block_table = p.keys.block_table + i * p.keys.table_stride;
+        c.k = c.v = ConstHeads(nullptr, 1, Hkv, L, d, 0, 0, d);  // the geometry only
+    } else {
+        float* wk = base + g.widened_k;
+        float* wv = base + g.widened_v;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, Hkv), [&](const tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t h = r.begin(); h != r.end(); ++h) {
+                p.keys.widen(i, h, 0, L, Matrix(wk + h * L * d, L, d));
+                p.values.widen(i, h, 0, L, Matrix(wv + h * L * d, L, d));
+            }
+        });
+        c.k = ConstHeads(wk, 1, Hkv, L, d, Hkv * L * d, L * d, d);
+        c.v = ConstHeads(wv, 1, Hkv, L, d, Hkv * L * d, L * d, d);
+    }
     c.key_lengths = length;
     c.scale = p.scale;
     c.causal = true;

@@ -5,8 +5,8 @@
 //   a decode group: the sequences with the same q (decode path: q <= 16, G·q <= 128), their query rows
 //     gathered into [k, q, H·d], keys read in place through their block tables, tasks per (sequence,
 //     KV head, split of 512 keys) — balanced by keys visited;
-//   a single: any other sequence alone, its keys widened from the blocks into [Hkv, L, d] (the other paths
-//     read fp32 heads), on the path core_path chooses for (q_i, L).
+//   a single: any other sequence alone, on the path core_path chooses for (q_i, L): grouped reads its rows in the
+//     blocks (widening each block of rows it packs), materialized a copy widened into [Hkv, L, d].
 // Batch invariance: what a sequence's rows depend on is its own (q_i, L) and keys only: the path and the
 // splits come from them, a decode task reads one sequence, the merge order is fixed, and empty splits of a
 // group's longer Lk are skipped. The same bits as the contiguous cache's forward with B = 1.
@@ -36,7 +36,8 @@ struct PagedCoreGroup {
     std::size_t q = 0, keys = 0;       // query rows per member, the longest key length
     CorePath path = CorePath::decode;
     CoreLayout core;
-    // floats from the scratch base: decode: gathered q and out [k, q, H·d], key lengths, tables; single: K, V widened
+    // floats from the scratch base: decode: gathered q and out [k, q, H·d], key lengths, tables; single: its key
+    // length, and for materialized K, V widened
     std::size_t gathered_q = 0, gathered_out = 0, lengths = 0, tables = 0, widened_k = 0, widened_v = 0;
 };
 
