@@ -248,9 +248,10 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
         FloatMat o = o_want;
         mha::simd::decode_scores(0.5f, q.cview(), k.wide(), s_want.view());
         mha::simd::decode_accumulate(p.cview(), k.wide(), o_want.view());
+        const std::size_t rows = n, cols = d;  // structured bindings are not captured by lambdas before C++20 (clang 14)
         with_type(t, [&](auto e) {
             using E = decltype(e);
-            const mha::MatrixView<const E> view(reinterpret_cast<const E*>(h), n, d, ld);
+            const mha::MatrixView<const E> view(reinterpret_cast<const E*>(h), rows, cols, ld);
             mha::simd::decode_scores(0.5f, q.cview(), view, s.view(), {}, 0.75f);
             mha::simd::decode_accumulate(p.cview(), view, o.view(), {}, 0.75f);
         });

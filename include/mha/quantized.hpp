@@ -143,7 +143,11 @@ inline void quantize_row_int8(const float* x, std::size_t d, void* row) noexcept
 // row (int8_row_bytes(d) bytes) -> y [d]: q·s, exact.
 inline void dequantize_row_int8(const void* row, std::size_t d, float* y) noexcept {
     const auto* q = static_cast<const std::int8_t*>(row);
-    for (std::size_t i = 0; i < d; ++i) y[i] = static_cast<float>(q[i]) * int8_row_scale(row, d, i / kInt8Block);
+    for (std::size_t b0 = 0; b0 < d; b0 += kInt8Block) {
+        const float s = int8_row_scale(row, d, b0 / kInt8Block);
+        const std::size_t end = d - b0 < kInt8Block ? d : b0 + kInt8Block;
+        for (std::size_t i = b0; i < end; ++i) y[i] = static_cast<float>(q[i]) * s;
+    }
 }
 
 }  // namespace mha
