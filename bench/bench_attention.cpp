@@ -253,7 +253,7 @@ struct Problem {
         : in_w(random_floats(3 * s.E * s.E, 1.0f / std::sqrt(float(s.E)), 1)), in_b(random_floats(3 * s.E, 0.1f, 2)),
           out_w(random_floats(s.E * s.E, 1.0f / std::sqrt(float(s.E)), 3)), out_b(random_floats(s.E, 0.1f, 4)),
           query(random_floats(s.B * s.L * s.E, 1.0f, 5)), output(query.size(), 0.0f),
-          attention(weights(), mha::AttentionConfig{s.E, s.H, 0, 0, 0, 0, std::nullopt, compute, std::nullopt}) {
+          attention(weights(), mha::AttentionConfig{s.E, s.H, 0, 0, 0, 0, std::nullopt, compute, std::nullopt, {}}) {
         in.query = mha::ConstBatch(query.data(), s.B, s.L, s.E);  // key, value unset: self-attention
         out.output = mha::Batch(output.data(), s.B, s.L, s.E);
     }

@@ -370,6 +370,7 @@ struct CoreSpec {
     bool causal = false;
     mha::CausalAlignment alignment = mha::CausalAlignment::top_left;
     mha::MaskView key_padding_mask, attn_mask;  // as the library takes them ([B, Lk]; [Lq, Lk] or [B·H, Lq, Lk])
+    mha::ScoreModifiers mods;                   // mha/attention.hpp; query i at p_i = i (+ Lk − Lq bottom-right)
 };
 
 struct CoreExpected {
@@ -398,6 +399,15 @@ inline double independent_sum(double linear, double sum_of_squares) {
 // γ̃_n(λ) ≈ λ·√n·u, with probability at least 1 − 2n·exp(−λ²(1 − u)²/2)).
 inline double rounding_growth(std::size_t n) { return std::min(double(n), kIndependentLambda * std::sqrt(double(n))); }
 
+// The sliding window of ScoreModifiers hides key j from the query at position pos.
+inline bool window_hides(const mha::ScoreModifiers& m, long long pos, std::size_t j) {
+    const long long jj = (long long)j;
+    return (m.window_left >= 0 && jj < pos - m.window_left) || (m.window_right >= 0 && jj > pos + m.window_right);
+}
+// The SIMD softcap's tanh (xsimd's) against the exact tanh, in ulp of the result (tests/test_score_modifiers.cpp
+// measures it on every ISA).
+constexpr double kTanhUlp = 2.0;  // measured 1.83 (SSE2, AVX2, AVX-512)
+
 inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& v, const CoreSpec& s) {
     const std::size_t B = q.B, H = q.H, Hkv = k.H, G = H / Hkv, Lq = q.L, Lk = k.L, d = q.d;
     const double T = double((Lk + 255) / 256), abs_scale = std::abs(s.scale);
@@ -410,12 +420,13 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
             const std::size_t kh = h / G;
             for (std::size_t i = 0; i < Lq; ++i) {
                 double zmax = -INFINITY;
+                const long long pos = (long long)i + (s.alignment == mha::CausalAlignment::bottom_right ? (long long)Lk - (long long)Lq : 0);
                 for (std::size_t j = 0; j < Lk; ++j) {
                     const double m1 = s.key_padding_mask.present() ? mask_view_value(s.key_padding_mask, b * Lk + j) : 0.0;
                     const double m2 = !s.attn_mask.present()     ? 0.0
                                       : s.attn_mask.rank == 2 ? mask_view_value(s.attn_mask, i * Lk + j)
                                                               : mask_view_value(s.attn_mask, ((b * H + h) * Lq + i) * Lk + j);
-                    if (causal_hides(s, i, j, Lq, Lk) || m1 == -INFINITY || m2 == -INFINITY) {
+                    if (causal_hides(s, i, j, Lq, Lk) || m1 == -INFINITY || m2 == -INFINITY || window_hides(s.mods, pos, j)) {
                         z[j] = -INFINITY, ez[j] = 0.0;
                         continue;
                     }
@@ -426,13 +437,26 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                         dot += a * e, mag += std::abs(a * e);
                         prop += tq + tk, prop2 += tq * tq + tk * tk;
                     }
-                    const double sc = s.scale * dot;
+                    double sc = s.scale * dot;
+                    double esc = abs_scale * independent_sum(prop, prop2) + rounding_growth(d + 3) * kU * abs_scale * mag;
+                    if (s.mods.softcap > 0.0f) {  // c·tanh(s / c): slope sech² <= 1; the division, tanh, product
+                        const double c = s.mods.softcap, t = std::tanh(sc / c), sech2 = 1.0 - t * t;
+                        esc = (esc + kU * std::abs(sc)) * sech2 + (kTanhUlp + 1) * kU * std::abs(c * t);
+                        sc = c * t;
+                    }
+                    if (s.mods.alibi_slopes != nullptr) {  // − m_h·(p_i − j): the product and the sum rounded
+                        const double a = double(s.mods.alibi_slopes[h]) * double((long long)j - pos);
+                        sc += a;
+                        esc += 2 * kU * (std::abs(a) + std::abs(sc));
+                    }
                     z[j] = sc + m1 + m2;
-                    ez[j] = abs_scale * independent_sum(prop, prop2) + rounding_growth(d + 3) * kU * abs_scale * mag + 2 * kU * (std::abs(sc) + std::abs(m1) + std::abs(m2));
+                    ez[j] = esc + 2 * kU * (std::abs(sc) + std::abs(m1) + std::abs(m2));
                     zmax = std::max(zmax, z[j]);
                 }
-                if (zmax == -INFINITY) continue;  // every key masked: zero probabilities and context
-                double sum = 0.0, dz = 0.0;
+                if (zmax == -INFINITY) continue;  // every key masked: zero probabilities and context (sink or not)
+                const bool sink = s.mods.sinks != nullptr;
+                if (sink) zmax = std::max(zmax, double(s.mods.sinks[h]));
+                double sum = sink ? std::exp(double(s.mods.sinks[h]) - zmax) : 0.0, dz = 0.0;
                 for (std::size_t j = 0; j < Lk; ++j) {
                     if (z[j] == -INFINITY) continue;
                     sum += std::exp(z[j] - zmax);
@@ -442,7 +466,7 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                 for (std::size_t j = 0; j < Lk; ++j) {
                     const double p = z[j] == -INFINITY ? 0.0 : std::exp(z[j] - zmax) / sum;
                     ex.probs[row + j] = p;
-                    ex.probs_err[row + j] = p * (2 * dz + (rounding_growth(Lk) + 6 + 3 * T) * kU);
+                    ex.probs_err[row + j] = p * (2 * dz + (rounding_growth(Lk) + 6 + 3 * T + (sink ? 6 : 0)) * kU);
                 }
                 for (std::size_t c = 0; c < d; ++c) {
                     double cv = 0.0;
@@ -459,8 +483,9 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                         prop += p * v.err[v.at(b, kh, j, c)];
                     }
                     ex.ctx.val[ex.ctx.at(b, h, i, c)] = cv;
-                    ex.ctx.err[ex.ctx.at(b, h, i, c)] =
-                        score + own + prop + (rounding_growth(Lk) + 2 * T) * kU * mag + (rounding_growth(Lk) + 2 + 3 * T) * kU * std::abs(cv);
+                    // (a sink's exp and the merged normalizer exp(m − m')/(l·exp(m − m') + exp(σ − m')): 6u more)
+                    ex.ctx.err[ex.ctx.at(b, h, i, c)] = score + own + prop + (rounding_growth(Lk) + 2 * T) * kU * mag +
+                                                        (rounding_growth(Lk) + 2 + 3 * T + (sink ? 6 : 0)) * kU * std::abs(cv);
                 }
             }
         }

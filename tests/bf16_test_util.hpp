@@ -78,6 +78,7 @@ struct Spec {
     mha::CausalAlignment alignment = mha::CausalAlignment::top_left;
     mha::MaskView key_padding_mask, attn_mask;
     std::optional<float> norm_eps;
+    mha::ScoreModifiers mods;  // query i at position i (+ Lk − Lq bottom-right), key j at j
 };
 
 // Plain row-major weights; every bias present (zeros where a layer has none).
@@ -156,7 +157,7 @@ struct RowOut {
 };
 inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>& ez, const std::vector<double>& vals,
                          const std::vector<double>& errs, std::size_t kvw, std::size_t col0, std::size_t d, bool center,
-                         double* ctx, double* ectx) {
+                         double* ctx, double* ectx, const float* sink = nullptr) {
     const std::size_t Lk = z.size();
     const double T = double((Lk + 255) / 256), gL = std::sqrt(double(Lk));
     RowOut r{std::vector<double>(Lk, 0.0), std::vector<double>(Lk, 0.0)};
@@ -166,8 +167,9 @@ inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>
         for (std::size_t c = 0; c < d; ++c) ctx[c] = 0.0, ectx[c] = 0.0;
         return r;
     }
-    double sum = 0.0, dz2 = 0.0;
-    std::size_t visible = 0;
+    if (sink != nullptr) zmax = std::max(zmax, double(*sink));
+    double sum = sink != nullptr ? std::exp(double(*sink) - zmax) : 0.0, dz2 = 0.0;
+    std::size_t visible = sink != nullptr ? 1 : 0;  // a sink takes weight: p < 1 even with one key
     for (std::size_t j = 0; j < Lk; ++j) {
         if (z[j] == -INFINITY) continue;
         ++visible;
@@ -181,7 +183,7 @@ inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>
     // subtraction and division.
     for (std::size_t j = 0; j < Lk; ++j)
         if (r.p[j] > 0.0)
-            r.ep[j] = r.p[j] * (ez[j] + std::sqrt(dz2) + (gL + 6 + 3 * T) * kV + kV * std::abs(z[j] - zmax));
+            r.ep[j] = r.p[j] * (ez[j] + std::sqrt(dz2) + (gL + 6 + 3 * T + (sink ? 6 : 0)) * kV + kV * std::abs(z[j] - zmax));
     for (std::size_t c = 0; c < d; ++c) {
         // The value: oracle Σ p·v; center Σ bf(p)·v (v already rounded), to float.
         double cv = 0.0;
@@ -204,7 +206,7 @@ inline RowOut softmax_pv(const std::vector<double>& z, const std::vector<double>
         // Normalization: P rounded before (reference) or after (online softmax) the division, with a sum
         // of rounded or unrounded terms: a common factor within u of 1 (exact with one visible key, p = 1).
         if (visible > 1) rss(e2, kUb * std::abs(cv));
-        rss(e2, sum_rounding(Lk + 2 * std::size_t(T), mag) + (gL + 2 + 3 * T) * kV * std::abs(cv));  // fp32 sums
+        rss(e2, sum_rounding(Lk + 2 * std::size_t(T), mag) + (gL + 2 + 3 * T + (sink ? 6 : 0)) * kV * std::abs(cv));  // fp32 sums
         ctx[c] = cv;
         ectx[c] = std::sqrt(e2);
     }
@@ -241,7 +243,9 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
                                       : s.attn_mask.rank == 2 ? detail::mask_value(s.attn_mask, i * Lk + j)
                                                               : detail::mask_value(s.attn_mask, ((b * H + h) * Lq + i) * Lk + j);
                     const long long last = s.alignment == mha::CausalAlignment::top_left ? (long long)i : (long long)i + (long long)Lk - (long long)Lq;
-                    if ((s.causal && (long long)j > last) || m1 == -INFINITY || m2 == -INFINITY) {
+                    const long long pos = last;  // p_i, causal or not
+                    if ((s.causal && (long long)j > last) || m1 == -INFINITY || m2 == -INFINITY ||
+                        mha_test::window_hides(s.mods, pos, j)) {
                         zo[j] = zt[j] = -INFINITY, eo[j] = et[j] = 0.0;
                         continue;
                     }
@@ -255,16 +259,31 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
                         const double b1 = q.d[qi] * std::abs(k.t[ki]), b2 = std::abs(q.t[qi]) * k.d[ki];
                         st += b1 * b1 + b2 * b2;
                     }
-                    const double sco = scale * dot_o, sct = double(static_cast<float>(scale * dot_t));
+                    double sco = scale * dot_o, sct = double(static_cast<float>(scale * dot_t));
+                    double eso = std::hypot(scale * std::sqrt(so), sum_rounding(d + 3, scale * mag_o));
+                    double est = std::hypot(scale * std::sqrt(st), sum_rounding(d + 3, scale * mag_t));
+                    if (s.mods.softcap > 0.0f) {  // c·tanh(s / c): slope sech² <= 1; the division, tanh, product
+                        const double c = s.mods.softcap;
+                        auto cap = [&](double& x, double& e) {
+                            const double t = std::tanh(x / c), sech2 = 1.0 - t * t;
+                            e = (e + kV * std::abs(x)) * sech2 + (mha_test::kTanhUlp + 1) * kV * std::abs(c * t);
+                            x = c * t;
+                        };
+                        cap(sco, eso), cap(sct, est);
+                    }
+                    if (s.mods.alibi_slopes != nullptr) {  // − m_h·(p_i − j)
+                        const double a = double(s.mods.alibi_slopes[h]) * double((long long)j - pos);
+                        sco += a, sct += a;
+                        eso += 2 * kV * (std::abs(a) + std::abs(sco)), est += 2 * kV * (std::abs(a) + std::abs(sct));
+                    }
                     zo[j] = sco + m1 + m2, zt[j] = sct + m1 + m2;
-                    eo[j] = std::hypot(scale * std::sqrt(so), sum_rounding(d + 3, scale * mag_o)) +
-                            2 * kV * (std::abs(sco) + std::abs(m1) + std::abs(m2));
-                    et[j] = std::hypot(scale * std::sqrt(st), sum_rounding(d + 3, scale * mag_t)) +
-                            2 * kV * (std::abs(sct) + std::abs(m1) + std::abs(m2));
+                    eo[j] = eso + 2 * kV * (std::abs(sco) + std::abs(m1) + std::abs(m2));
+                    et[j] = est + 2 * kV * (std::abs(sct) + std::abs(m1) + std::abs(m2));
                 }
                 const std::size_t at = i * qw + h * d;
-                const detail::RowOut ro = detail::softmax_pv(zo, eo, v.o, v.e, kvw, kh * d, d, false, &ctx.o[at], &ctx.e[at]);
-                const detail::RowOut rt = detail::softmax_pv(zt, et, v.t, v.d, kvw, kh * d, d, true, &ctx.t[at], &ctx.d[at]);
+                const float* sink = s.mods.sinks != nullptr ? s.mods.sinks + h : nullptr;
+                const detail::RowOut ro = detail::softmax_pv(zo, eo, v.o, v.e, kvw, kh * d, d, false, &ctx.o[at], &ctx.e[at], sink);
+                const detail::RowOut rt = detail::softmax_pv(zt, et, v.t, v.d, kvw, kh * d, d, true, &ctx.t[at], &ctx.d[at], sink);
                 // The returned weights are P rounded to bfloat16 (as P·V reads it, normalized).
                 Track pr(Lk);
                 for (std::size_t j = 0; j < Lk; ++j) pr.o[j] = ro.p[j], pr.e[j] = ro.ep[j], pr.t[j] = rt.p[j], pr.d[j] = rt.ep[j];

@@ -61,6 +61,7 @@ struct LayerRef {
     const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *gamma = nullptr, *beta = nullptr;
     std::optional<float> norm_eps;
+    mha::ScoreModifiers mods;  // AttentionConfig::modifiers (pointers not owned)
 };
 
 // Wq and Wk are drawn kGain times larger than nn.Linear's init (±1/√fan_in), so that scores spread over
@@ -217,7 +218,7 @@ inline StepExpected step_double(const LayerRef& L, const float* x, std::size_t B
         }
         mha_test::CoreSpec spec;
         spec.scale = double(1.0f / std::sqrt(static_cast<float>(d)));  // the float the library uses
-        spec.causal = true, spec.alignment = mha::CausalAlignment::bottom_right;
+        spec.causal = true, spec.alignment = mha::CausalAlignment::bottom_right, spec.mods = L.mods;
         const mha_test::CoreExpected core = mha_test::core_double(q, K, V, spec);
         for (std::size_t i = 0; i < Lq; ++i) {
             std::vector<double> o(E), eo(E);

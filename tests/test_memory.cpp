@@ -86,7 +86,7 @@ TEST(Memory, WeightBytesOfABf16Layer) {
     const std::size_t fp32 = (4 * E * E + 4 * E) * sizeof(float), biases = 4 * E * sizeof(float);
     const mha::MultiheadAttention f(w.get(), E, 12);
     EXPECT_EQ(f.weight_bytes_read(), fp32);
-    const mha::MultiheadAttention m(w.get(), mha::AttentionConfig{E, 12, 0, 0, 0, 0, std::nullopt, mha::DataType::bf16, std::nullopt});
+    const mha::MultiheadAttention m(w.get(), mha::AttentionConfig{E, 12, 0, 0, 0, 0, std::nullopt, mha::DataType::bf16, std::nullopt, {}});
     if (mha::active_isa() < mha::Isa::avx512_bf16) {
         EXPECT_EQ(m.weight_bytes(), fp32);
         EXPECT_EQ(m.weight_bytes_read(), fp32);

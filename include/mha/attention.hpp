@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "mha/half.hpp"
 #include "mha/kernels.hpp"
@@ -74,6 +75,38 @@ struct RopeConfig {
     RopeStyle style = RopeStyle::half;
 };
 
+// Score modifiers of today's model families. Query i sits at position p_i (i, or i + Lk − Lq with
+// bottom-right alignment; with a KV cache or a paged step: the cached length + i) and key j at j. For query
+// head h, on the scaled score s = scale·q_i·k_j, in this order:
+//   softcap c > 0: s ← c·tanh(s / c) (Gemma 2's attn_logit_softcapping), before ALiBi and the masks. The
+//     SIMD kernels' tanh (xsimd's) is within 2 ulp of tanh (measured 1.83 on a dense sweep: tests/test_score_modifiers.cpp);
+//   ALiBi slope m_h (alibi_slopes [H]): s ← s − m_h·(p_i − j) (BLOOM, MPT; alibi_standard_slopes(H) gives
+//     BLOOM's slopes; BLOOM's per-key bias m_h·j gives the same softmax except beside a sink, where this relative form holds);
+//   sliding window (window_left, window_right): key j is visible only when p_i − left <= j <= p_i + right
+//     (−1: unbounded on that side; with causal, right = 0 is implied). Hugging Face's `sliding_window` = w
+//     (Mistral: a query sees itself and w − 1 keys before) is left = w − 1, right = 0 with causal;
+//     FlashAttention's window_size (wl, wr) is left = wl, right = wr. Keys outside the window are masked like
+//     causal ones (never contribute, even NaN) and the SIMD paths never read whole key tiles outside it;
+//   the masks and causal rule (a masked key's score is -inf);
+//   sink σ_h (sinks [H]): joins each row's softmax denominator and adds no value (gpt-oss):
+//     P_ij = exp(s_ij − m) / (Σ_k exp(s_ik − m) + exp(σ_h − m)), m = max(max_k s_ik, σ_h);
+//     a row whose keys are all masked gives zeros; returned attention weights sum to less than 1.
+// All values must be finite (softcap > 0); window sides >= −1. The pointers are read during the call
+// (SdpaOptions) or copied at construction (AttentionConfig), like the weights.
+struct ScoreModifiers {
+    long long window_left = -1, window_right = -1;
+    float softcap = 0.0f;                  // 0: off
+    const float* sinks = nullptr;          // [H] or nullptr
+    const float* alibi_slopes = nullptr;   // [H] or nullptr
+    bool any() const noexcept {
+        return window_left >= 0 || window_right >= 0 || softcap != 0.0f || sinks != nullptr || alibi_slopes != nullptr;
+    }
+    bool window() const noexcept { return window_left >= 0 || window_right >= 0; }
+};
+// BLOOM's ALiBi slopes for H heads: with n = the largest power of two <= H, slopes 2^(−8k/n) for k = 1..n,
+// then (H > n) 2^(−4(2k − 1)/n) for k = 1..H − n.
+std::vector<float> alibi_standard_slopes(std::size_t heads);
+
 // The shape of a layer. Zeros take the defaults.
 struct AttentionConfig {
     std::size_t embed_dim = 0;     // E. Required.
@@ -95,6 +128,9 @@ struct AttentionConfig {
     // out = LayerNorm(out + query; gamma, beta, eps), eps inside the square root (TF style). Finite and >= 0
     // (checked at construction). The residual is the query row. ForwardOptions::norm_eps (deprecated) overrides it.
     std::optional<float> norm_eps;
+    // Sliding window, softcap, sinks and ALiBi of every forward of this layer (ScoreModifiers; sinks and
+    // slopes [num_heads], copied at construction).
+    ScoreModifiers modifiers;
 };
 
 // Causal alignment: top_left masks key j for query i when j > i; bottom_right when j > i + Lk − Lq

@@ -79,6 +79,8 @@ struct SdpaOptions {
     // mha/attention.hpp: automatic picks fused for G > 1 or Lk >= 1024; both take the decode path for Lq <= 16
     // with G·Lq <= 128).
     Algorithm impl = Algorithm::automatic;
+    // Sliding window, softcap, sinks [H] and ALiBi slopes [H] (mha/attention.hpp's ScoreModifiers).
+    ScoreModifiers modifiers;
 };
 
 // output [B, H, Lq, d]: any strides whose rows do not overlap each other; must not overlap the inputs or

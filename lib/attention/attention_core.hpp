@@ -87,8 +87,8 @@ struct CoreLayout {
 };
 CoreLayout core_layout(const CoreShape& shape, CorePath path, NeedWeights need_weights, Carver& call, Carver& slot);
 
-// The problem, validated. causal_shift: query i sees keys j <= i + causal_shift (0: top-left,
-// Lk − Lq: bottom-right).
+// The problem, validated. query_shift: query i sits at position i + query_shift (0: top-left, Lk − Lq:
+// bottom-right), so with causal it sees keys j <= i + query_shift (with key_lengths: key_lengths[b] − Lq).
 struct CoreProblem {
     ConstHeads q, k, v;  // [B, H, Lq, d], [B, Hkv, Lk, d], [B, Hkv, Lk, d]
     Heads out;           // [B, H, Lq, d]
@@ -98,7 +98,9 @@ struct CoreProblem {
     KVRows key_rows, value_rows;
     float scale = 1.0f;
     bool causal = false;
-    std::ptrdiff_t causal_shift = 0;
+    std::ptrdiff_t query_shift = 0;
+    // Sliding window, softcap, sinks, ALiBi (mha/attention.hpp), validated; pointers live for the call.
+    ScoreModifiers mods;
     MaskView key_padding_mask, attn_mask;
     // [B] or nullptr: batch b has key_lengths[b] <= Lk keys (rows past it are never read), and causal is then
     // bottom-right per sequence (query i sees keys j <= i + key_lengths[b] − Lq): a KV cache's ragged batch.

@@ -53,7 +53,7 @@ CoreContext::CoreContext(const CoreProblem& problem, const CoreLayout& l, float*
       keys(rows_or(problem.key_rows, problem.k)), values(rows_or(problem.value_rows, problem.v)),
       key_padding_(mask_row(problem.key_padding_mask)), attn_mask_(mask_row(problem.attn_mask)), slots_(slots),
       slot_floats_(slot_floats), threads_(threads) {
-    if (p.causal || any_mask()) value_flags_ = reinterpret_cast<std::uint8_t*>(scratch + l.value_flags);
+    if (hides_keys()) value_flags_ = reinterpret_cast<std::uint8_t*>(scratch + l.value_flags);
 }
 
 CoreSlot CoreContext::slot() const noexcept {
@@ -65,11 +65,41 @@ CoreSlot CoreContext::slot() const noexcept {
 
 KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {
     const std::size_t keys = keys_of(b);
-    if (!p.causal) return {0, keys};
-    const std::ptrdiff_t shift = p.key_lengths != nullptr ? static_cast<std::ptrdiff_t>(keys) - static_cast<std::ptrdiff_t>(Lq)
-                                                          : p.causal_shift;
-    const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(i) + 1 + shift;
-    return {0, n <= 0 ? 0 : std::min(keys, static_cast<std::size_t>(n))};
+    if (!p.causal && !p.mods.window()) return {0, keys};
+    const std::ptrdiff_t pos = query_position(b, i), n = static_cast<std::ptrdiff_t>(keys);
+    std::ptrdiff_t lo = 0, hi = n;  // [lo, hi) in signed arithmetic, then clamped to [0, keys]
+    if (p.causal) hi = std::min(hi, pos + 1);
+    if (p.mods.window_right >= 0) hi = std::min<std::ptrdiff_t>(hi, pos + 1 + static_cast<std::ptrdiff_t>(p.mods.window_right));
+    if (p.mods.window_left >= 0) lo = std::max<std::ptrdiff_t>(lo, pos - static_cast<std::ptrdiff_t>(p.mods.window_left));
+    hi = std::max<std::ptrdiff_t>(hi, 0);
+    lo = std::min(lo, hi);
+    return {static_cast<std::size_t>(lo), static_cast<std::size_t>(hi)};
+}
+
+void CoreContext::modify_scores(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n) const noexcept {
+    if (!modifies_scores() || n == 0) return;
+    const float slope = p.mods.alibi_slopes != nullptr ? p.mods.alibi_slopes[h] : 0.0f;
+    const float distance0 = static_cast<float>(query_position(b, i) - static_cast<std::ptrdiff_t>(j0));
+    simd::modify_scores(x, n, p.mods.softcap, slope, distance0);
+}
+
+float CoreContext::softmax_tile(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n,
+                                float& running_max) const noexcept {
+    const KeyRange r = visible(b, i);
+    const std::size_t valid = tile_valid(r, j0, n), pre = hidden_prefix(r, j0, valid);
+    modify_scores(b, h, i, j0 + pre, x + pre, valid - pre);
+    const float sum = simd::softmax_tile_online(x + pre, n - pre, valid - pre, 1.0f, key_padding_row(b).from(j0 + pre),
+                                                attn_mask_row(b, h, i).from(j0 + pre), running_max);
+    std::fill(x, x + pre, 0.0f);
+    return sum;
+}
+
+float CoreContext::row_normalizer(std::size_t h, float m, float l) const noexcept {
+    if (l == 0.0f) return 0.0f;  // every key masked
+    if (p.mods.sinks == nullptr || std::isnan(l)) return 1.0f / l;
+    const float sink = p.mods.sinks[h], top = std::max(m, sink);
+    const float a = std::exp(m - top);
+    return a / (l * a + std::exp(sink - top));
 }
 
 KeyRange CoreContext::visible_block(std::size_t b, std::size_t i0, std::size_t rows) const noexcept {

@@ -1,8 +1,10 @@
 // What the attention core's paths share (core_materialized.cpp, core_grouped.cpp, core_decode.cpp):
 // the problem's dimensions, the per-thread slot, and the key policy:
-//   visibility: query i of batch b sees keys [lo, hi) of its sequence (visible(); the causal rule bounds hi,
-//     a sliding window would bound lo — the one function to change), further masked by the padding and
-//     attention masks read row by row;
+//   visibility: query i of batch b sees keys [lo, hi) of its sequence (visible(): the causal rule and a
+//     sliding window's right side bound hi, its left side lo), further masked by the padding and attention
+//     masks read row by row; the paths visit only key tiles that meet a block's range;
+//   score modifiers (modify_scores: softcap, ALiBi, and -inf before a row's lo inside a tile) between the
+//     score GEMM and the softmax kernels, and the sink in each row's denominator (row_normalizer);
 //   non-finite values: a masked key must not reach the output through 0·NaN, so a KV head whose values hold
 //     NaN or ±inf (value_flags) takes the careful P·V (accumulate_unmasked) instead of the GEMM.
 // Preconditions: the problem validated, the scratch laid out by core_layout for the same shape and path.
@@ -61,8 +63,8 @@ public:
     KeyRange visible(std::size_t b, std::size_t i) const noexcept;
     // The keys some query of rows [i0, i0 + rows) may see: tiles outside it are never visited.
     KeyRange visible_block(std::size_t b, std::size_t i0, std::size_t rows) const noexcept;
-    // Of tile [j0, j0 + n), the keys query i sees by visibility, counted from j0: the softmax kernels' n_valid
-    // (keys before range.lo are not supported by the kernels yet: lo is 0 on every path).
+    // Of tile [j0, j0 + n), the keys query i sees by visibility, counted from j0: the softmax kernels' n_valid.
+    // The keys before range.lo in the tile (hidden_prefix) are left out of the softmax by the paths (probability 0).
     std::size_t tile_valid(KeyRange range, std::size_t j0, std::size_t n) const noexcept {
         return range.hi > j0 ? (range.hi - j0 < n ? range.hi - j0 : n) : 0;
     }
@@ -72,6 +74,28 @@ public:
         return attn_mask_.from(((p.attn_mask.rank == 3 ? (b * H + h) * Lq : 0) + i) * Lk);
     }
     bool any_mask() const noexcept { return key_padding_.present() || attn_mask_.present(); }
+    // Some key can be hidden from some query (causal, a window or a mask): NaN values need the careful P·V.
+    bool hides_keys() const noexcept { return p.causal || p.mods.window() || any_mask(); }
+    // Query i of batch b's position (keys are at their indices).
+    std::ptrdiff_t query_position(std::size_t b, std::size_t i) const noexcept {
+        const std::ptrdiff_t shift = p.key_lengths != nullptr ? static_cast<std::ptrdiff_t>(keys_of(b)) - static_cast<std::ptrdiff_t>(Lq)
+                                                              : p.query_shift;
+        return static_cast<std::ptrdiff_t>(i) + shift;
+    }
+    static std::size_t hidden_prefix(KeyRange range, std::size_t j0, std::size_t n) noexcept {
+        return range.lo > j0 ? (range.lo - j0 < n ? range.lo - j0 : n) : 0;
+    }
+    bool modifies_scores() const noexcept { return p.mods.softcap > 0.0f || p.mods.alibi_slopes != nullptr; }
+    // Softcap and ALiBi on the scaled scores x[0, n) of query i of head h against keys [j0, j0 + n) of batch b.
+    void modify_scores(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n) const noexcept;
+    // The factor that turns a row's unnormalized output (running max m, sum l) into probabilities: 1 / l, or
+    // with a sink σ_h exp(m − m')/(l·exp(m − m') + exp(σ_h − m')), m' = max(m, σ_h). 0 when l = 0 (every key
+    // masked); NaN stays NaN.
+    float row_normalizer(std::size_t h, float m, float l) const noexcept;
+    // One key tile of query i of head h (batch b), scores x[0, n) against keys [j0, j0 + n): the score
+    // modifiers, then simd::softmax_tile_online over the keys the query sees (those before its window get 0).
+    float softmax_tile(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n,
+                       float& running_max) const noexcept;
     bool key_masked(std::size_t b, std::size_t h, std::size_t i, std::size_t j) const noexcept;
 
     // [B·Hkv] flags, when a key can be masked (causal or a mask): KV head (b, kvh) has a non-finite value.

@@ -103,7 +103,6 @@ private:
     void split_keys(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st, Matrix o,
                     float* row_max, float* row_sum, const simd::RowsAhead& next) const {
         const std::size_t m = c_.G * c_.Lq, Lq = c_.Lq, j_end = j0 + n;
-        const simd::MaskRow padding = c_.key_padding_row(b);
         // All the split's scores first, then all its values: one stream at a time (switching between the K
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
         c_.keys.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
@@ -111,14 +110,11 @@ private:
                 j + len < j_end ? run_ahead(c_.keys, b, kvh, j + len, j_end) : run_ahead(c_.values, b, kvh, j0, j_end);
             simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead, c_.keys.scale);
         });
-        for (std::size_t row = 0; row < m; ++row) {
-            const std::size_t t = row / Lq, i = row % Lq;
-            row_sum[row] = simd::softmax_tile_online(st.row(row), n, c_.tile_valid(c_.visible(b, i), j0, n), 1.0f, padding.from(j0),
-                                                     c_.attn_mask_row(b, kvh * c_.G + t, i).from(j0), row_max[row]);
-        }
-        // A key of this split is masked for some row (the causal edge of the first query, or a mask): a NaN or
-        // ±inf value row must then not reach the output through 0·v.
-        const bool masked_here = c_.any_mask() || (c_.p.causal && j_end > c_.visible(b, 0).hi);
+        for (std::size_t row = 0; row < m; ++row)
+            row_sum[row] = c_.softmax_tile(b, kvh * c_.G + row / Lq, row % Lq, j0, st.row(row), n, row_max[row]);
+        // A key of this split is masked for some row (the causal edge of the first query, a window's edge, or a
+        // mask): a NaN or ±inf value row must then not reach the output through 0·v.
+        const bool masked_here = c_.any_mask() || j_end > c_.visible(b, 0).hi || j0 < c_.visible(b, Lq - 1).lo;
         bool careful = false;
         if (masked_here)
             c_.values.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
@@ -162,8 +158,8 @@ private:
                 const float* po = part + 2 * m + row * d;
                 for (std::size_t col = 0; col < d; ++col) dst[col] += po[col] * scale;
             }
-            // sum = 0: every key masked, the row is 0. A NaN sum (NaN scores) stays NaN.
-            const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+            // sum = 0: every key masked, the row is 0. A NaN sum (NaN scores) stays NaN. A sink joins the sum here.
+            const float inv = c_.row_normalizer(kvh * c_.G + row / c_.Lq, best, sum);
             for (std::size_t col = 0; col < d; ++col) dst[col] *= inv;
         }
     }

@@ -62,9 +62,11 @@ private:
     std::uint16_t* values16_at(std::size_t bh) const noexcept { return reinterpret_cast<std::uint16_t*>(values_) + bh * value_head_; }
     // Keys [j0, j0 + kPackBlock) of (b, kvh) = bh: columns of K_hᵀ (panels j0 / NR..) and rows of V_h.
     void pack_block(std::size_t bh, std::size_t j0) const {
-        const std::size_t b = bh / c_.Hkv, kvh = bh % c_.Hkv, keys = c_.keys_of(b);
-        if (j0 >= keys) return;  // rows past a sequence's keys are never read
-        const std::size_t n = std::min(kPackBlock, keys - j0);
+        const std::size_t b = bh / c_.Hkv, kvh = bh % c_.Hkv;
+        // Rows past a sequence's keys, or outside every query's window, are never read.
+        const KeyRange seen = c_.visible_block(b, 0, c_.Lq);
+        if (j0 >= seen.hi || j0 + kPackBlock <= seen.lo) return;
+        const std::size_t n = std::min(kPackBlock, c_.keys_of(b) - j0);
         ConstMatrix k, v;
         if (c_.keys.is_f32_heads()) {
             k = c_.p.k.head(b, kvh).row_block(j0, n), v = c_.p.v.head(b, kvh).row_block(j0, n);
@@ -129,11 +131,8 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
             simd::gemm_panels(c.p.scale, ConstMatrix(q), Trans::no, k_t.columns(j0, kt), 0.0f, st);
         for (std::size_t row = 0; row < m; ++row) {
             const std::size_t t = row / rows, i = i0 + row % rows;
-            const std::size_t valid = c.tile_valid(c.visible(b, i), j0, kt);
-            const simd::MaskRow am = c.attn_mask_row(b, kvh * G + t, i);
             const float old_max = row_max[row];
-            const float tile_sum =
-                simd::softmax_tile_online(st.row(row), kt, valid, 1.0f, padding.from(j0), am.from(j0), row_max[row]);
+            const float tile_sum = c.softmax_tile(b, kvh * G + t, i, j0, st.row(row), kt, row_max[row]);
             if (row_max[row] != old_max) {
                 // The max grew: rescale what was accumulated under the old max (nothing if it was -inf).
                 const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[row]);
@@ -156,8 +155,8 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
     }
 
     for (std::size_t row = 0; row < m; ++row) {
-        // l = 0: every key masked, the row is 0. A NaN l (NaN scores) stays NaN.
-        const float inv = row_sum[row] == 0.0f ? 0.0f : 1.0f / row_sum[row];
+        // l = 0: every key masked, the row is 0. A NaN l (NaN scores) stays NaN. A sink joins l here.
+        const float inv = c.row_normalizer(kvh * G + row / rows, row_max[row], row_sum[row]);
         float* dst = c.p.out.head(b, kvh * G + row / rows).row(i0 + row % rows);
         const float* src = o.row(row);
         for (std::size_t col = 0; col < d; ++col) dst[col] = src[col] * inv;

@@ -400,7 +400,7 @@ void LayerForward::run() const {
     p.out = heads(C_, H);
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
     p.causal = opt_.causal;
-    p.causal_shift = opt_.causal && opt_.causal_alignment == CausalAlignment::bottom_right
+    p.query_shift = opt_.causal_alignment == CausalAlignment::bottom_right
                          ? static_cast<std::ptrdiff_t>(Lk_) - static_cast<std::ptrdiff_t>(Lq_)
                          : 0;
     p.key_padding_mask = in_.key_padding_mask;
@@ -408,6 +408,7 @@ void LayerForward::run() const {
     p.need_weights = opt_.need_weights;
     p.attn_weights = out_.attn_weights;
     p.compute = st_.compute;
+    p.mods = st_.modifiers();
     const AttentionCore core(p, call_.core_path, layout_.core, scratch_, scratch_ + layout_.slots,
                              layout_.slot_floats, layout_.threads);
     core.run();

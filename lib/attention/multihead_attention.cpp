@@ -55,6 +55,7 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
                                                                               : data_type_name(cfg.compute)) +
              " is not supported (f32 or bf16; f16, int8 and fp8 are KV cache element types)");
     detail::check_norm_eps(cfg.norm_eps);
+    detail::check_modifiers(cfg.modifiers, H, "modifiers");
     const std::size_t d = cfg.head_dim != 0 ? cfg.head_dim : E / H;
     const std::size_t kdim = cfg.kdim != 0 ? cfg.kdim : E, vdim = cfg.vdim != 0 ? cfg.vdim : E;
     const std::size_t qw = checked_madd(H, d, 0, "num_heads × head_dim", "size");
@@ -96,6 +97,10 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     s->E = E, s->H = H, s->Hkv = Hkv, s->d = d, s->kdim = kdim, s->vdim = vdim, s->rope = rope;
     s->compute = cfg.compute;
     s->norm_eps = cfg.norm_eps;
+    s->window_left = cfg.modifiers.window_left, s->window_right = cfg.modifiers.window_right;
+    s->softcap = cfg.modifiers.softcap;
+    if (cfg.modifiers.sinks != nullptr) s->sinks.assign(cfg.modifiers.sinks, cfg.modifiers.sinks + H);
+    if (cfg.modifiers.alibi_slopes != nullptr) s->alibi_slopes.assign(cfg.modifiers.alibi_slopes, cfg.modifiers.alibi_slopes + H);
     if (rope) s->rope_freq = detail::rope_frequencies(rope->theta, rope->dims);
     s->in_b.assign(in_rows, 0.0f);
     if (w.in_proj_bias) std::copy(w.in_proj_bias, w.in_proj_bias + in_rows, s->in_b.begin());

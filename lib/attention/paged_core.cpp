@@ -89,6 +89,7 @@ void run_decode_group(const PagedCoreProblem& p, const PagedCoreGroup& g, float*
     c.scale = p.scale;
     c.causal = true;  // bottom-right per sequence through key_lengths
     c.compute = p.compute;
+    c.mods = p.mods;
     AttentionCore(c, g.path, g.core, base, slots, slot_floats, threads).run();
     for (std::size_t b = 0; b < k; ++b) {
         const std::size_t r0 = p.query_starts[g.members[b]];
@@ -124,6 +125,7 @@ void run_single(const PagedCoreProblem& p, const PagedCoreGroup& g, float* base,
     c.scale = p.scale;
     c.causal = true;
     c.compute = p.compute;
+    c.mods = p.mods;
     AttentionCore(c, g.path, g.core, base, slots, slot_floats, threads).run();
 }
 

@@ -29,6 +29,7 @@ struct PagedCoreProblem {
     const std::size_t* query_starts = nullptr;  // [n + 1]
     float scale = 1.0f;
     DataType compute = DataType::f32;
+    ScoreModifiers mods;  // the layer's (mha/attention.hpp)
 };
 
 struct PagedCoreGroup {

@@ -23,7 +23,7 @@ void run(const SdpaInputs& in, const Heads& out, const SdpaOptions& opt, Workspa
         return;
     }
     if (call.path == AttentionPath::scalar)
-        reference::attention_core(in, out, call.scale, opt.causal, opt.causal_alignment, nullptr);
+        reference::attention_core(in, out, call.scale, opt.causal, opt.causal_alignment, nullptr, DataType::f32, opt.modifiers);
     else
         simd_sdpa(in, out, call, opt, workspace);
 }

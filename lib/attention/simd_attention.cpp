@@ -102,11 +102,12 @@ void simd_sdpa(const SdpaInputs& in, const Heads& out, const detail::SdpaCall& c
     p.out = out;
     p.scale = call.scale;
     p.causal = opt.causal;
-    p.causal_shift = opt.causal && opt.causal_alignment == CausalAlignment::bottom_right
+    p.query_shift = opt.causal_alignment == CausalAlignment::bottom_right
                          ? static_cast<std::ptrdiff_t>(in.key.rows) - static_cast<std::ptrdiff_t>(in.query.rows)
                          : 0;
     p.key_padding_mask = in.key_padding_mask;
     p.attn_mask = in.attn_mask;
+    p.mods = opt.modifiers;
     run_with_scratch(layout.bytes(), workspace, layout.threads, [&](float* scratch) {
         const detail::AttentionCore core(p, call.core_path, layout.core, scratch, scratch + layout.slots, layout.slot_floats,
                                          layout.threads);

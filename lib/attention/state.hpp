@@ -26,6 +26,17 @@ struct LayerState {
     std::vector<double> rope_freq;    // θ_k = theta^(−2k/r), k < r/2
     std::vector<float> in_b;          // [H·d + 2·Hkv·d]: bq; bk; bv
     std::vector<float> out_b, norm_w, norm_b;  // norm_*: empty when not given
+    // AttentionConfig::modifiers (validated), sinks and slopes copied ([H] or empty).
+    long long window_left = -1, window_right = -1;
+    float softcap = 0.0f;
+    std::vector<float> sinks, alibi_slopes;
+    ScoreModifiers modifiers() const noexcept {
+        ScoreModifiers m;
+        m.window_left = window_left, m.window_right = window_right, m.softcap = softcap;
+        m.sinks = sinks.empty() ? nullptr : sinks.data();
+        m.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
+        return m;
+    }
     // Wᵀ of each projection: y = x·Wᵀ + b is one gemm_packed call.
     bool qkv_packed = false;           // in_proj holds Wq, Wk, Wv as segments 0, 1, 2
     simd::PackedMatrix in_proj;        // qkv_packed
@@ -61,6 +72,7 @@ struct LayerState {
             l.bq = s.bias(0), l.bk = s.bias(1), l.bv = s.bias(2), l.bo = s.out_b.data();
             l.norm_w = s.norm_w.empty() ? nullptr : s.norm_w.data();
             l.norm_b = s.norm_b.empty() ? nullptr : s.norm_b.data();
+            l.mods = s.modifiers();
             return l;
         }
     };

@@ -55,6 +55,7 @@ void run_step(const LayerState& st, const StepLayout& l, const LayerCall& call, 
     p.key_lengths = r.key_lengths.data();
     p.query_starts = r.query_starts.data();
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    p.mods = st.modifiers();
     p.compute = st.compute;
     run_paged_core(p, l.core, scratch, scratch + l.scratch.slots, l.scratch.slot_floats, l.scratch.threads);
     layer.project_output();

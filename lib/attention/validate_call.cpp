@@ -412,9 +412,27 @@ SdpaCall describe_sdpa_call(const SdpaInputs& in, const SdpaOptions& opt) {
     return resolved(in, opt);
 }
 
+void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner) {
+    const std::string o(owner);
+    if (m.window_left < -1) fail(o + ".window_left " + std::to_string(m.window_left) + " is below -1 (-1: unbounded)");
+    if (m.window_right < -1) fail(o + ".window_right " + std::to_string(m.window_right) + " is below -1 (-1: unbounded)");
+    if (!std::isfinite(m.softcap) || m.softcap < 0.0f)
+        fail(o + ".softcap " + std::to_string(m.softcap) + " is not a finite value > 0 (0: off)");
+    auto check_heads_values = [&](const float* v, const char* name) {
+        if (v == nullptr) return;
+        checked_extent(name, v, H);
+        for (std::size_t h = 0; h < H; ++h)
+            if (!std::isfinite(v[h]))
+                fail(o + "." + name + "[" + std::to_string(h) + "] = " + std::to_string(v[h]) + " is not finite");
+    };
+    check_heads_values(m.sinks, "sinks");
+    check_heads_values(m.alibi_slopes, "alibi_slopes");
+}
+
 SdpaCall validate_sdpa_call(const SdpaInputs& in, const Heads& out, const SdpaOptions& opt, const Workspace* workspace) {
     check_common_options(opt.impl, opt.backend, opt.threads);
     check_causal_alignment(opt.causal_alignment);
+    check_modifiers(opt.modifiers, in.query.heads, "options.modifiers");
     check_heads("query", in.query);
     check_heads("key", in.key);
     check_heads("value", in.value);

@@ -66,6 +66,9 @@ HalfAttentionInputs validate_half_call(const HalfAttentionInputs& in, const Half
 
 // AttentionConfig::norm_eps and the deprecated ForwardOptions::norm_eps: finite and >= 0.
 void check_norm_eps(const std::optional<float>& eps);
+// ScoreModifiers for H query heads: window sides >= −1, softcap finite and >= 0, sinks and slopes finite
+// ([H], readable). `owner` names the argument in messages ("modifiers" / "options.modifiers").
+void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner);
 
 // One scaled_dot_product_attention call, resolved.
 struct SdpaCall {

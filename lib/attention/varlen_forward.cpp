@@ -60,6 +60,7 @@ void run_varlen(const LayerState& st, const VarlenLayout& l, float* scratch, con
         p.scale = 1.0f / std::sqrt(static_cast<float>(d));
         p.causal = causal;  // Lq = Lk: top-left and bottom-right agree
         p.compute = st.compute;
+        p.mods = st.modifiers();
         AttentionCore(p, l.paths[i], l.cores[i], scratch, scratch + l.scratch.slots, l.scratch.slot_floats, l.scratch.threads).run();
     }
     layer.project_output();

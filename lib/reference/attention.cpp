@@ -98,7 +98,7 @@ void multihead_attention(const Layer& layer, const AttentionInputs& in, const At
                    : opt.need_weights == NeedWeights::averaged ? probs.data()
                                                                : nullptr;
         attention_core(core, Heads(ctx.data(), 1, H, Lq, d, Lq * H * d, d, H * d), scale, opt.causal,
-                       opt.causal_alignment, p, ct);
+                       opt.causal_alignment, p, ct, layer.mods);
 
         if (opt.need_weights == NeedWeights::averaged) {
             float* dst = out.attn_weights + b * Lq * Lk;

@@ -47,7 +47,7 @@ void cached_attention(const Layer& layer, ConstBatch query, Batch output, const 
         in.key = ConstHeads::bhld(kc.data(), 1, Hkv, L, d);
         in.value = ConstHeads::bhld(vc.data(), 1, Hkv, L, d);
         attention_core(in, Heads(ctx.data(), 1, H, Lq, d, 0, d, H * d), 1.0f / std::sqrt(static_cast<float>(d)), true,
-                       CausalAlignment::bottom_right, nullptr, layer.compute);
+                       CausalAlignment::bottom_right, nullptr, layer.compute, layer.mods);
         project_output(layer, C, x, output[b], opt.norm_eps);
     }
 }

@@ -50,6 +50,7 @@ struct Layer {
     const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // [H·d, E] [Hkv·d, kdim] [Hkv·d, vdim] [E, H·d]
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // [H·d] [Hkv·d] [Hkv·d] [E]
     const float *norm_w = nullptr, *norm_b = nullptr;                         // [E] or nullptr (ones / zeros)
+    ScoreModifiers mods;                                                      // AttentionConfig::modifiers
 };
 
 // Rotates one head row x[0, d) in place as token position `position` (mha/attention.hpp's RopeConfig;
@@ -61,8 +62,9 @@ void rope_row(float* x, const RopeConfig& rope, std::size_t position) noexcept;
 // contiguous, receives the probabilities. Inputs validated by the caller. Allocates its own scratch.
 // compute bf16: q, k and v are read rounded to bfloat16 (round_to_bf16), the scores q·k and P·V are
 // accumulated in double, and P enters P·V normalized and rounded to bfloat16 (probs receives the rounded P).
+// mods: the score modifiers of mha/attention.hpp, query i at position i (+ Lk − Lq with bottom_right).
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
-                    float* probs, DataType compute = DataType::f32);
+                    float* probs, DataType compute = DataType::f32, const ScoreModifiers& mods = {});
 
 // The layer's steps around attention_core, shared by multihead_attention and cached_attention:
 //   project_inputs: Q = xq·Wqᵀ + bq, K = xk·Wkᵀ + bk, V = xv·Wvᵀ + bv (bf16: linear's rounding), with RoPE

@@ -8,11 +8,15 @@
 //   out_h = Σ over the unmasked keys j of P(i, j)·v_{h/G}(j, :)  (a masked key never contributes, even
 //   when its value row is NaN or ±inf)
 // probs (nullable) receives P as [B, H, Lq, Lk] contiguous.
+// Score modifiers (mha/attention.hpp), query i at position p_i = i (+ Lk − Lq bottom-right), key j at j:
+//   S ← softcap·tanh(S / softcap); S ← S − slope_h·(p_i − j); keys outside [p_i − left, p_i + right] masked;
+//   with a sink σ_h: P_ij = exp(S_ij − m) / (Σ_k exp(S_ik − m) + exp(σ_h − m)), m = max(max_k S_ik, σ_h).
 // compute bf16 (AttentionConfig::compute): q, k, v read as round_to_bf16 of their values, S = float(scale·
 // Σ q·k) with the sum in double, P (fp32 softmax) rounded to bfloat16 after normalization as the input of
 // P·V, whose sum runs in double; probs receives that rounded P (the attention weights of a bf16 layer).
 // Preconditions (checked by the public API): H % Hkv == 0, shapes agree (q.dim == k.dim, out [B, H, Lq, dv]),
 // masks of the documented shapes, out does not overlap the inputs. Allocates its own scratch.
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <vector>
@@ -42,10 +46,23 @@ bool causal_masked(CausalAlignment alignment, std::size_t i, std::size_t j, std:
     return static_cast<long long>(j) > last_visible;
 }
 
+// Row softmax with a sink in the denominator (masked keys hold -inf: probability 0; a NaN score makes the row NaN).
+void softmax_row_with_sink(float* x, std::size_t n, float sink) {
+    float m = sink;
+    for (std::size_t j = 0; j < n; ++j)
+        if (x[j] > m) m = x[j];
+    float l = std::exp(sink - m);
+    for (std::size_t j = 0; j < n; ++j) {
+        x[j] = std::exp(x[j] - m);
+        l += x[j];
+    }
+    for (std::size_t j = 0; j < n; ++j) x[j] /= l;
+}
+
 }  // namespace
 
 void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool causal, CausalAlignment alignment,
-                    float* probs, DataType compute) {
+                    float* probs, DataType compute, const ScoreModifiers& mods) {
     const bool bf16 = compute == DataType::bf16;
     const std::size_t B = in.query.batch, H = in.query.heads, G = H / in.key.heads;
     const std::size_t Lq = in.query.rows, Lk = in.key.rows, dv = in.value.dim;
@@ -69,16 +86,27 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
             } else {
                 reference::gemm(scale, q, Trans::no, k, Trans::yes, 0.0f, S);
             }
+            const long long shift = alignment == CausalAlignment::bottom_right ? static_cast<long long>(Lk) - static_cast<long long>(Lq) : 0;
             for (std::size_t i = 0; i < Lq; ++i) {
+                const long long pos = static_cast<long long>(i) + shift;
                 for (std::size_t j = 0; j < Lk; ++j) {
+                    const long long jj = static_cast<long long>(j);
+                    if (mods.softcap > 0.0f) S(i, j) = mods.softcap * std::tanh(S(i, j) / mods.softcap);
+                    if (mods.alibi_slopes != nullptr) S(i, j) += mods.alibi_slopes[h] * static_cast<float>(jj - pos);
+                    const bool outside = (mods.window_left >= 0 && jj < pos - mods.window_left) ||
+                                         (mods.window_right >= 0 && jj > pos + mods.window_right);
                     const float kp = in.key_padding_mask.present() ? mask_value(in.key_padding_mask, 0, b, j) : 0.0f;
                     const float am = in.attn_mask.present() ? mask_value(in.attn_mask, b * H + h, i, j) : 0.0f;
-                    masked[i * Lk + j] = kp == kMinusInf || am == kMinusInf || (causal && causal_masked(alignment, i, j, Lq, Lk));
+                    masked[i * Lk + j] =
+                        outside || kp == kMinusInf || am == kMinusInf || (causal && causal_masked(alignment, i, j, Lq, Lk));
                     S(i, j) += kp;
                     S(i, j) += am;
                     if (masked[i * Lk + j]) S(i, j) = kMinusInf;  // whatever the score was, NaN included
                 }
-                softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
+                if (mods.sinks != nullptr)
+                    softmax_row_with_sink(S.row(i), Lk, mods.sinks[h]);
+                else
+                    softmax_row(S.row(i), Lk, Lk, 1.0f, nullptr, nullptr);
             }
             // out_h = P·v over the keys each query may see: a masked key never contributes, even when its
             // value row is NaN or ±inf (0·NaN would make the row NaN).

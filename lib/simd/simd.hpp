@@ -49,6 +49,10 @@ void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, Mask
 float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
                           float& running_max) noexcept;
 
+// The score modifiers (score_modifiers_impl.hpp) on x[0, n): softcap (> 0, or 0: off), ALiBi slope (0: off)
+// with key j at distance distance0 − j from its query.
+void modify_scores(float* x, std::size_t n, float softcap, float slope, float distance0) noexcept;
+
 // Same contract as reference::layernorm_row.
 void layernorm_row(float* y, const float* x, const float* residual, std::size_t n, const float* gamma,
                    const float* beta, float eps) noexcept;
