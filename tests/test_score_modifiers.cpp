@@ -18,17 +18,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include <mha/mha.hpp>
+#include <nlohmann/json.hpp>
 
 #include "attention/attention_core.hpp"
 #include "bf16_test_util.hpp"
 #include "compare_util.hpp"
 #include "decode_test_util.hpp"
 #include "isa_test_util.hpp"
+#include "npy.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -278,6 +282,90 @@ TEST(ScoreModifiersKernel, SoftcapTanhWithinBound) {
         mha::simd::modify_scores(a, 19, 0.0f, 0.25f, 20.0f);
         for (int j = 0; j < 19; ++j) EXPECT_EQ(a[j], 1.0f + 0.25f * float(j - 20)) << j;
     });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// tests/data/modifiers/<case>/ (tools/make_fixtures.py): each model family's formula in float64 torch. core_double
+// (the library's documented order) must give the same values (it is the semantics), and every backend, path
+// and ISA must be within kDecoderSafety times its bound of them, plus u·|expected| (read as float).
+
+struct ModifierFixture {
+    std::string name;
+    std::vector<float> q, k, v, sinks, slopes;
+    std::vector<std::size_t> qs, ks;
+    std::vector<float> expected;
+    bool causal = false, bottom_right = false;
+    Mods mods;
+};
+
+std::vector<ModifierFixture> modifier_fixtures() {
+    namespace fs = std::filesystem;
+    std::vector<ModifierFixture> out;
+    const fs::path root = fs::path(MHA_TEST_DATA_DIR) / "modifiers";
+    std::vector<fs::path> dirs;
+    for (const auto& e : fs::directory_iterator(root))
+        if (fs::exists(e.path() / "args.json")) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (const fs::path& d : dirs) {
+        ModifierFixture f;
+        f.name = d.filename().string();
+        std::ifstream in(d / "args.json");
+        const nlohmann::json a = nlohmann::json::parse(in);
+        const mha::npy::Array q = mha::npy::load((d / "q.npy").string()), k = mha::npy::load((d / "k.npy").string());
+        f.q = q.values, f.qs = q.shape, f.k = k.values, f.ks = k.shape, f.v = mha::npy::load((d / "v.npy").string()).values;
+        f.expected = mha::npy::load((d / "expected_output.npy").string()).values;
+        f.causal = a["causal"].get<bool>() || a["causal_bottom_right"].get<bool>();
+        f.bottom_right = a["causal_bottom_right"].get<bool>();
+        f.mods.left = a["window_left"].get<long long>(), f.mods.right = a["window_right"].get<long long>();
+        f.mods.softcap = a["softcap"].is_null() ? 0.0f : a["softcap"].get<float>();
+        if (fs::exists(d / "sinks.npy")) f.mods.sinks = mha::npy::load((d / "sinks.npy").string()).values;
+        if (fs::exists(d / "alibi_slopes.npy")) f.mods.slopes = mha::npy::load((d / "alibi_slopes.npy").string()).values;
+        if (a["alibi"].get<bool>()) f.mods.slopes = mha::alibi_standard_slopes(f.qs[1]);
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+TEST(ModifierFixtures, EveryPathAgainstTheModelFormulas) {
+    const std::vector<ModifierFixture> fixtures = modifier_fixtures();
+    ASSERT_EQ(fixtures.size(), 6u);
+    for (const ModifierFixture& f : fixtures) {
+        SCOPED_TRACE(f.name);
+        const std::size_t B = f.qs[0], H = f.qs[1], Lq = f.qs[2], d = f.qs[3], Hkv = f.ks[1], Lk = f.ks[2];
+        mha::SdpaInputs in;
+        in.query = ConstHeads::bhld(f.q.data(), B, H, Lq, d);
+        in.key = ConstHeads::bhld(f.k.data(), B, Hkv, Lk, d);
+        in.value = ConstHeads::bhld(f.v.data(), B, Hkv, Lk, d);
+        // The model's scale 1/√d exactly (the semantics), and the float the library uses (the bound; the two
+        // evaluations' difference is added to it).
+        mha_test::CoreSpec spec;
+        spec.scale = 1.0 / std::sqrt(double(d));
+        spec.causal = f.causal, spec.alignment = f.bottom_right ? TL::bottom_right : TL::top_left, spec.mods = f.mods.view();
+        const HeadsD hq = HeadsD::from(in.query), hk = HeadsD::from(in.key), hv = HeadsD::from(in.value);
+        const mha_test::CoreExpected exact = mha_test::core_double(hq, hk, hv, spec);
+        spec.scale = double(1.0f / std::sqrt(static_cast<float>(d)));
+        const mha_test::CoreExpected ex = mha_test::core_double(hq, hk, hv, spec);
+        std::vector<double> tol(f.expected.size()), semantic(f.expected.size());
+        for (std::size_t n = 0; n < tol.size(); ++n) {
+            tol[n] = kDecoderSafety * ex.ctx.err[n] + std::abs(ex.ctx.val[n] - exact.ctx.val[n]) + mha_test::kU * std::abs(double(f.expected[n]));
+            semantic[n] = mha_test::kU * std::abs(double(f.expected[n])) + 1e-12;
+        }
+        ASSERT_TRUE(mha_test::all_within(f.expected, exact.ctx.val, semantic)) << "core_double is not the model's formula";
+        ASSERT_LT(mha_test::relative_tolerance(std::vector<double>(f.expected.begin(), f.expected.end()), tol), 1e-3);
+        mha::SdpaOptions o;
+        o.causal = f.causal, o.causal_alignment = spec.alignment, o.modifiers = f.mods.view();
+        auto run = [&](mha::Backend b, mha::Algorithm impl) {
+            std::vector<float> y(B * H * Lq * d, kNaN);
+            o.backend = b, o.impl = impl;
+            mha::scaled_dot_product_attention(in, Heads::bhld(y.data(), B, H, Lq, d), o);
+            return y;
+        };
+        EXPECT_TRUE(mha_test::all_within(run(mha::Backend::scalar, mha::Algorithm::automatic), f.expected, tol)) << "scalar";
+        mha_test::for_each_cpu_isa([&] {
+            for (mha::Algorithm impl : {mha::Algorithm::automatic, mha::Algorithm::materialized, mha::Algorithm::fused})
+                EXPECT_TRUE(mha_test::all_within(run(mha::Backend::simd, impl), f.expected, tol));
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -104,7 +105,8 @@ std::vector<float> random_values(std::size_t n, float amplitude, std::mt19937& r
 // for its shape (Hkv = H, H·d = E, kdim = vdim = E), the separate q/k/v weights otherwise; biases present.
 // The weights are packed by the constructor, so the vectors may go.
 MultiheadAttention random_layer(std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim,
-                                std::size_t vdim, std::optional<float> rope_theta, DataType compute, std::mt19937& rng) {
+                                std::size_t vdim, std::optional<float> rope_theta, DataType compute, std::mt19937& rng,
+                                const ScoreModifiers& modifiers) {
     const std::size_t Hd = count_of("H·d", {H, d}), Hkvd = count_of("Hkv·d", {Hkv, d});
     const bool packed = Hkv == H && Hd == E && kdim == E && vdim == E;
     const float w_amp = 1.0f / std::sqrt(static_cast<float>(E));
@@ -136,6 +138,7 @@ MultiheadAttention random_layer(std::size_t E, std::size_t H, std::size_t Hkv, s
     config.kdim = kdim;
     config.vdim = vdim;
     config.compute = compute;
+    config.modifiers = modifiers;
     if (rope_theta) {
         RopeConfig rope;
         rope.theta = *rope_theta;
@@ -143,6 +146,44 @@ MultiheadAttention random_layer(std::size_t E, std::size_t H, std::size_t Hkv, s
     }
     return MultiheadAttention(w, config);
 }
+
+// The score modifiers of --window-left/--window-right/--softcap/--alibi/--sinks for H heads (sinks random in
+// [-1, 1]); the view points into the vectors.
+struct BenchModifiers {
+    std::vector<float> sinks, slopes;
+    ScoreModifiers view;
+    BenchModifiers(const ModifierOptions& o, std::size_t H, std::mt19937& rng) {
+        view.window_left = o.window_left.value_or(-1), view.window_right = o.window_right.value_or(-1);
+        view.softcap = o.softcap.value_or(0.0f);
+        if (o.sinks) sinks = random_values(H, 1.0f, rng), view.sinks = sinks.data();
+        if (o.alibi) slopes = alibi_standard_slopes(H), view.alibi_slopes = slopes.data();
+    }
+    // The keys [lo, hi] the query at position p of a sequence of n keys sees (causal: hi <= p); empty: lo > hi.
+    std::pair<double, double> span(double p, double n, bool causal) const {
+        double lo = 0, hi = causal ? std::min(p, n - 1) : n - 1;
+        if (view.window_left >= 0) lo = std::max(lo, p - double(view.window_left));
+        if (view.window_right >= 0) hi = std::min(hi, p + double(view.window_right));
+        return {lo, hi};
+    }
+    double visible(double p, double n, bool causal) const {
+        const auto [lo, hi] = span(p, n, causal);
+        return std::max(0.0, hi - lo + 1);
+    }
+    // Keys read by Lq queries at positions n − Lq .. n − 1 (causal): the union of their spans.
+    double keys_read(double lq, double n) const {
+        const double lo = span(n - lq, n, true).first, hi = n - 1;
+        return std::max(0.0, hi - lo + 1);
+    }
+    void describe(nlohmann::ordered_json& j, std::string& shape) const {
+        if (!view.any()) return;
+        j["window_left"] = view.window_left, j["window_right"] = view.window_right, j["softcap"] = view.softcap;
+        j["alibi"] = !slopes.empty(), j["sinks"] = !sinks.empty();
+        if (view.window()) shape += " window=(" + std::to_string(view.window_left) + "," + std::to_string(view.window_right) + ")";
+        if (view.softcap > 0) shape += " softcap=" + std::to_string(view.softcap);
+        if (!slopes.empty()) shape += " alibi";
+        if (!sinks.empty()) shape += " sinks";
+    }
+};
 
 const char* op_name(BenchOp op) {
     switch (op) {
@@ -219,7 +260,8 @@ void bench_command(const BenchOptions& opt) {
             const std::vector<float> value =
                 own_value ? random_values(count_of("value", {B, Lk, vdim}), 1.0f, rng) : std::vector<float>{};
             std::vector<float> output(query.size());
-            const MultiheadAttention attention = random_layer(E, H, Hkv, d, kdim, vdim, opt.rope_theta, opt.dtype, rng);
+            const BenchModifiers mods(opt.modifiers, H, rng);
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, kdim, vdim, opt.rope_theta, opt.dtype, rng, mods.view);
             AttentionInputs in;
             in.query = ConstBatch(query.data(), B, L, E);
             if (own_key) in.key = ConstBatch(key.data(), B, Lk, kdim);  // cross-attention; else self-attention
@@ -234,7 +276,14 @@ void bench_command(const BenchOptions& opt) {
             t = time_calls(opt.reps, [&] { attention.forward(in, out, fo); });
             const AttentionPath path = attention.path(in, fo);
             const double b = double(B), l = double(L), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
-            flops = 2 * b * (l * e * hd + lk * (double(kdim) + double(vdim)) * hkvd + l * hd * e) + 4 * b * l * lk * hd;
+            // Score pairs: all (causal or not, as before), or with a window the visible ones.
+            double pairs = l * lk;
+            if (mods.view.window()) {
+                pairs = 0;
+                for (std::size_t i = 0; i < L; ++i) pairs += mods.visible(double(i), lk, opt.causal);
+                j["flops_counted"] = "visible pairs";
+            }
+            flops = 2 * b * (l * e * hd + lk * (double(kdim) + double(vdim)) * hkvd + l * hd * e) + 4 * b * pairs * hd;
             j["impl"] = impl_name(opt.impl);
             j["path"] = std::string(attention_path_name(path));
             j["causal"] = opt.causal;
@@ -246,6 +295,7 @@ void bench_command(const BenchOptions& opt) {
                     " head_dim=" + std::to_string(d) + (packed ? "" : " kdim=" + std::to_string(kdim) + " vdim=" + std::to_string(vdim)) +
                     (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") + " impl=" + impl_name(opt.impl) +
                     (opt.causal ? " causal" : "");
+            mods.describe(j, shape);
             break;
         }
         case BenchOp::sdpa: {
@@ -267,16 +317,17 @@ void bench_command(const BenchOptions& opt) {
             so.backend = opt.backend;
             so.threads = opt.threads.value_or(0);
             so.impl = opt.impl;
+            const BenchModifiers mods(opt.modifiers, H, rng);
+            so.modifiers = mods.view;
             t = time_calls(opt.reps, [&] { scaled_dot_product_attention(in, out, so); });
             const AttentionPath path = sdpa_path(in, so);
             // Pairs (i, j) whose score is computed: all, or with causal those with j <= i + Lk − Lq.
+            // With a window: those inside it (query i at position i + Lk − Lq).
             double pairs = double(Lq) * double(Lk);
-            if (opt.causal) {
+            if (opt.causal || mods.view.window()) {
                 pairs = 0;
-                for (std::size_t i = 0; i < Lq; ++i) {
-                    const double visible = double(i) + 1.0 + double(Lk) - double(Lq);  // exact: all below 2^53
-                    pairs += std::min(double(Lk), std::max(0.0, visible));
-                }
+                for (std::size_t i = 0; i < Lq; ++i)  // exact: all below 2^53
+                    pairs += mods.visible(double(i) + double(Lk) - double(Lq), double(Lk), opt.causal);
             }
             flops = 4.0 * double(B) * double(H) * double(d) * pairs;
             bytes = 2.0 * double(B) * double(Hkv) * double(Lk) * double(d) * sizeof(float);
@@ -284,10 +335,11 @@ void bench_command(const BenchOptions& opt) {
             j["path"] = std::string(attention_path_name(path));
             j["causal"] = opt.causal;
             j["batch"] = B, j["heads"] = H, j["kv_heads"] = Hkv, j["head_dim"] = d, j["seq"] = Lq, j["kv_seq"] = Lk;
-            j["flops_counted"] = opt.causal ? "visible pairs" : "all pairs";
+            j["flops_counted"] = opt.causal || mods.view.window() ? "visible pairs" : "all pairs";
             shape = "batch=" + std::to_string(B) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
                     " head_dim=" + std::to_string(d) + " seq=" + std::to_string(Lq) + " kv_seq=" + std::to_string(Lk) +
                     " impl=" + impl_name(opt.impl) + (opt.causal ? " causal" : "");
+            mods.describe(j, shape);
             break;
         }
         case BenchOp::decode: {
@@ -302,7 +354,8 @@ void bench_command(const BenchOptions& opt) {
             if (__builtin_add_overflow(Lk, Lq, &capacity)) throw tool_error("--kv-seq + --seq overflows size_t");
             const std::vector<float> query = random_values(count_of("query", {B, Lq, E}), 1.0f, rng);
             std::vector<float> output(query.size());
-            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
+            const BenchModifiers mods(opt.modifiers, H, rng);
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng, mods.view);
             // The cached tokens: random K and V, Lk rows per (sequence, KV head), appended sequence by sequence.
             check_scales(opt);
             KVCache cache(B, Hkv, d, capacity, opt.kv_type, opt.k_scale, opt.v_scale);
@@ -327,10 +380,14 @@ void bench_command(const BenchOptions& opt) {
                     for (std::size_t b = 0; b < B; ++b) cache.truncate(b, Lk);
                 });
             const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
-            flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * lq * (lk + lq) * hd;
+            double pairs = 0;  // (lk + lq per query without a window)
+            for (std::size_t i = 0; i < Lq; ++i) pairs += mods.visible(lk + double(i), lk + lq, true);
+            flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * pairs * hd;
             const double weight_bytes = double(attention.weight_bytes_read());
             const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkv, capacity, kv_row_bytes(opt.kv_type, d)});
-            bytes = weight_bytes + double(cache_bytes);
+            // The cache rows read: all, or with a window those in the union of the new tokens' windows.
+            const double read_bytes = double(cache_bytes) * mods.keys_read(lq, lk + lq) / (lk + lq);
+            bytes = weight_bytes + read_bytes;
             j["impl"] = impl_name(opt.impl);
             j["path"] = std::string(attention_path_name(path));
             j["batch"] = B, j["kv_seq"] = Lk, j["seq"] = Lq, j["embed"] = E, j["heads"] = H;
@@ -343,6 +400,7 @@ void bench_command(const BenchOptions& opt) {
                     " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" + std::to_string(Hkv) +
                     " head_dim=" + std::to_string(d) + (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") +
                     " impl=" + impl_name(opt.impl) + " kv_type=" + std::string(data_type_name(opt.kv_type));
+            mods.describe(j, shape);
             break;
         }
         case BenchOp::step: {
@@ -361,15 +419,17 @@ void bench_command(const BenchOptions& opt) {
             }
             for (std::size_t i = 0; i < P; ++i) past.push_back(opt.prefill_past), q_lens.push_back(opt.prefill_len);
             const std::size_t n = past.size(), bs = opt.block_size;
+            const BenchModifiers mods(opt.modifiers, H, rng);
             std::size_t T = 0, blocks = 0;
-            double pairs = 0, keys = 0;
+            double pairs = 0, keys = 0;  // keys: those read (in some new token's window)
             for (std::size_t i = 0; i < n; ++i) {
+                const double len = double(past[i] + q_lens[i]);
                 T += q_lens[i];
                 blocks += (past[i] + q_lens[i] + bs - 1) / bs;
-                keys += double(past[i] + q_lens[i]);
-                for (std::size_t t = 0; t < q_lens[i]; ++t) pairs += double(past[i] + t + 1);
+                keys += mods.keys_read(double(q_lens[i]), len);
+                for (std::size_t t = 0; t < q_lens[i]; ++t) pairs += mods.visible(double(past[i] + t), len, true);
             }
-            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng);
+            const MultiheadAttention attention = random_layer(E, H, Hkv, d, E, E, opt.rope_theta, opt.dtype, rng, mods.view);
             check_scales(opt);
             PagedKVCache cache(blocks, bs, Hkv, d, opt.kv_type, opt.k_scale, opt.v_scale);
             std::vector<std::size_t> ids;
@@ -418,6 +478,7 @@ void bench_command(const BenchOptions& opt) {
                 const PagedSequences seqs{n, tables.data(), stride, lengths.data(), starts.data()};
                 PagedAttentionOptions po;
                 po.threads = th;
+                po.modifiers = mods.view;
                 t = time_calls(opt.reps, [&] { paged_attention(ConstMatrix(q.data(), T, Hd), cache.pool(), seqs, Matrix(out.data(), T, Hd), po); });
                 flops = core_flops;
                 bytes = kv_bytes;
@@ -449,6 +510,7 @@ void bench_command(const BenchOptions& opt) {
                     std::to_string(T) + " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" +
                     std::to_string(Hkv) + " head_dim=" + std::to_string(d) + " kv_type=" + std::string(data_type_name(opt.kv_type)) +
                     (opt.core_only ? " core_only" : "") + " path=" + path;
+            mods.describe(j, shape);
             break;
         }
         case BenchOp::gemm: {

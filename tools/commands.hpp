@@ -19,6 +19,18 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// The score modifiers' flags (mha/attention.hpp's ScoreModifiers), shared by run, sdpa and bench:
+// --window-left N, --window-right N (absent: unbounded), --softcap C (> 0), --alibi (BLOOM's standard slopes).
+// run and sdpa also read sinks.npy [H] and alibi_slopes.npy [H] from DIR (float; alibi_slopes.npy and --alibi
+// exclude each other); bench's --sinks draws random sinks.
+struct ModifierOptions {
+    std::optional<long long> window_left, window_right;
+    std::optional<float> softcap;
+    bool alibi = false;
+    bool sinks = false;  // bench only
+    bool any() const { return window_left || window_right || softcap || alibi || sinks; }
+};
+
 struct RunOptions {
     std::string npy_dir;
     std::size_t heads = 0;
@@ -46,6 +58,7 @@ struct RunOptions {
     std::optional<DataType> kv_type;
     // --k-scale / --v-scale: an fp8 cache's scales (absent: 1); refused with another cache type or without a cache.
     std::optional<float> k_scale, v_scale;
+    ModifierOptions modifiers;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
@@ -64,6 +77,7 @@ struct SdpaCommandOptions {
     Backend backend = Backend::simd;
     int threads = 0;
     Algorithm impl = Algorithm::automatic;
+    ModifierOptions modifiers;
     std::string out;  // empty: <npy_dir>/output.npy
 };
 
@@ -85,6 +99,7 @@ struct BenchOptions {
     float k_scale = 1.0f, v_scale = 1.0f;      // decode, step: an fp8 cache's scales (--k-scale, --v-scale)
     bool causal = false;
     Algorithm impl = Algorithm::automatic;
+    ModifierOptions modifiers;  // attention, sdpa, decode, step
     // step: one serving step over a paged cache (decode sequences and prefill chunks in one call)
     std::size_t decode_seqs = 16, prefill_seqs = 0, prefill_len = 256, prefill_past = 0, block_size = 64;
     bool ragged = false, core_only = false;

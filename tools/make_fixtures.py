@@ -42,7 +42,12 @@ module in float64 on those values) and PyTorch's own bf16 CPU result (torch_bf16
 module and inputs .to(torch.bfloat16), the output widened); args.json adds "torch_bf16_max_abs_error" (its max
 |torch bf16 − oracle|). See the comment above write_bf16_cases and tests/data/README.md.
 
-usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR]   (default: tests/data next to this script)
+Score-modifier cases (issue 24) go to tests/data/modifiers/<case>/: the attention core with Mistral's sliding
+window, Gemma 2's softcap, gpt-oss's sinks and BLOOM's ALiBi written as each model's code does; see the comment
+above write_modifier_cases.
+
+usage: /usr/bin/python3 tools/make_fixtures.py [OUT_DIR [modifiers]]   (default: tests/data next to this script;
+       `modifiers` rewrites only tests/data/modifiers/)
 """
 import json
 import math
@@ -57,7 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "data")
+OUT = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else os.path.join(ROOT, "tests", "data")
 
 
 # Seed 000's module (BERT-style self-attention with a TF-style post-norm), as written there,
@@ -739,6 +744,138 @@ def write_kv_cache_cases():
 # (BERT-like), the Llama-style layer with GQA, biases and RoPE written in torch (run in bf16: cos and sin cast
 # to bf16 as Hugging Face does), nn.MultiheadAttention cross-attention with kdim / vdim != E.
 
+# --- Score-modifier cases (issue 24): tests/data/modifiers/<case>/ --------------------------------------------
+#
+# The attention core (q [B, H, Lq, d], k / v [B, Hkv, Lk, d] float32, GQA by repeat_interleave, scale 1/sqrt(d))
+# with each model family's own formula, in float64 torch, as its Hugging Face implementation writes it:
+#   Mistral   causal mask with the sliding-window overlay: key j visible from query i iff j <= i and j > i − w
+#             (config.sliding_window = w; the library: window_left = w − 1);
+#   Gemma 2   scores / softcap, tanh, · softcap (attn_logit_softcapping), then the mask;
+#   gpt-oss   cat([scores + mask, sinks]), minus the row max, softmax, drop the sink column;
+#   BLOOM     build_alibi_tensor: slopes from the closest power of two (and the odd powers of its square root
+#             for the rest), a bias slope_h·j per key added to q·kᵀ/sqrt(d) (baddbmm), then the mask.
+# Queries are the last Lq of Lk positions when causal_bottom_right (position i + Lk − Lq), else i.
+# Files: q.npy, k.npy, v.npy; sinks.npy [H] / alibi_slopes.npy [H] float32 when used; expected_output.npy
+# [B, H, Lq, d] float64; args.json {"kind": "sdpa", "heads", "kv_heads", "scale": null, "causal",
+# "causal_bottom_right", "window_left", "window_right", "softcap", "alibi": true for BLOOM's standard slopes (the
+# tool's --alibi), "model"}. Each case is checked against a NumPy loop of the library's documented order
+# (softcap, ALiBi −slope·(p_i − j), window, masks, sink) to 1e-12.
+
+MOD_DIR = "modifiers"
+
+
+def bloom_slopes(H):
+    """transformers' build_alibi_tensor slopes."""
+    closest = 2 ** math.floor(math.log2(H))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** k for k in range(1, 1 + closest)]
+    if closest != H:
+        extra = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** k for k in range(1, 1 + 2 * min(closest, H - closest), 2)]
+    return slopes
+
+
+def numpy_modified_core(q, k, v, scale, causal, bottom_right, left, right, softcap, sinks, slopes):
+    """The library's documented order in float64 NumPy loops (KV head h // G, no repeat)."""
+    B, H, Lq, d = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    out = np.zeros((B, H, Lq, v.shape[3]))
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            for i in range(Lq):
+                p_i = i + (Lk - Lq if bottom_right else 0)
+                s = scale * (k[b, g] @ q[b, h, i])
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
+                if slopes is not None:
+                    s = s - slopes[h] * (p_i - np.arange(Lk))
+                j = np.arange(Lk)
+                hide = np.zeros(Lk, dtype=bool)
+                if causal:
+                    hide |= j > p_i
+                if left >= 0:
+                    hide |= j < p_i - left
+                if right >= 0:
+                    hide |= j > p_i + right
+                s = np.where(hide, -np.inf, s)
+                m = s.max() if sinks is None else max(s.max(), sinks[h])
+                e = np.exp(s - m)
+                den = e.sum() + (0.0 if sinks is None else math.exp(sinks[h] - m))
+                out[b, h, i] = (e / den) @ v[b, g]
+    return out
+
+
+def modifier_case(name, gen, model, B, H, Hkv, Lq, Lk, d, causal=True, bottom_right=False, sliding_window=None,
+                  flash_window=None, softcap=None, sinks=False, alibi=None, q_amp=1.0):
+    """alibi: None, "standard" (BLOOM's slopes, the tool's --alibi) or "file" (random slopes in alibi_slopes.npy)."""
+    q, k, v = uniform(gen, (B, H, Lq, d), q_amp), uniform(gen, (B, Hkv, Lk, d)), uniform(gen, (B, Hkv, Lk, d))
+    scale = 1.0 / math.sqrt(d)
+    G = H // Hkv
+    t = lambda x: torch.from_numpy(np.asarray(x, dtype=np.float64))
+    Q, K, V = t(q), t(k).repeat_interleave(G, dim=1), t(v).repeat_interleave(G, dim=1)
+    pos_q = torch.arange(Lq, dtype=torch.float64)[:, None] + (Lk - Lq if bottom_right else 0)
+    pos_k = torch.arange(Lk, dtype=torch.float64)[None, :]
+    visible = torch.ones(Lq, Lk, dtype=torch.bool)
+    if causal:
+        visible &= pos_k <= pos_q
+    left, right = -1, -1
+    if sliding_window is not None:  # Mistral's overlay: kv_idx > q_idx - sliding_window
+        visible &= pos_k > pos_q - sliding_window
+        left = sliding_window - 1
+    if flash_window is not None:    # FlashAttention's window_size (wl, wr)
+        wl, wr = flash_window
+        visible &= (pos_k >= pos_q - wl) & (pos_k <= pos_q + wr)
+        left, right = wl, wr
+    mask = torch.zeros(Lq, Lk, dtype=torch.float64).masked_fill(~visible, -math.inf)
+    scores = torch.matmul(Q, K.transpose(2, 3)) * scale
+    slopes = None
+    if alibi is not None:
+        slopes = bloom_slopes(H) if alibi == "standard" else list(f32(0.5 * torch.rand(H, generator=gen)).astype(np.float64))
+        # BLOOM: alibi [B·H, 1, Lk] = slope_h · (position of key j), added to the scores before the mask.
+        scores = scores + t(slopes)[None, :, None, None] * pos_k[None, None]
+    if softcap is not None:  # Gemma 2 (the only family here that caps comes without ALiBi; order: softcap first)
+        assert alibi is None
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + mask
+    sink = None
+    if sinks:
+        sink = f32(torch.rand(H, generator=gen) * 4 - 1).astype(np.float64)
+        col = t(sink).reshape(1, -1, 1, 1).expand(B, -1, Lq, -1)
+        combined = torch.cat([scores, col], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = F.softmax(combined, dim=-1)[..., :-1]
+    else:
+        probs = F.softmax(scores, dim=-1)
+    out = torch.matmul(probs, V).numpy()
+    check = numpy_modified_core(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, causal,
+                                bottom_right, left, right, softcap, sink, slopes)
+    assert np.isfinite(out).all(), name
+    assert np.allclose(out, check, rtol=0, atol=1e-12), name
+    a = {"q": q, "k": k, "v": v}
+    if sinks:
+        a["sinks"] = sink.astype(np.float32)
+    if alibi == "file":
+        a["alibi_slopes"] = np.asarray(slopes, dtype=np.float32)
+    args = {"kind": "sdpa", "model": model, "heads": H, "kv_heads": Hkv, "scale": None, "causal": causal and not bottom_right,
+            "causal_bottom_right": bottom_right, "window_left": left, "window_right": right,
+            "softcap": softcap, "alibi": alibi == "standard"}
+    write_case(os.path.join(MOD_DIR, name), a, args, out, None)
+
+
+def write_modifier_cases():
+    gen = torch.Generator().manual_seed(20241124)
+    modifier_case("mistral_sliding_window", gen, "mistral", B=2, H=4, Hkv=2, Lq=40, Lk=40, d=16, sliding_window=8)
+    modifier_case("mistral_window_chunk", gen, "mistral", B=1, H=4, Hkv=1, Lq=5, Lk=30, d=16, bottom_right=True,
+                  sliding_window=11)
+    modifier_case("gemma2_softcap", gen, "gemma2", B=2, H=4, Hkv=2, Lq=24, Lk=24, d=32, softcap=20.0, q_amp=24.0)
+    modifier_case("gptoss_sinks_window", gen, "gpt-oss", B=1, H=4, Hkv=1, Lq=20, Lk=20, d=16, sliding_window=6,
+                  sinks=True)
+    modifier_case("bloom_alibi", gen, "bloom", B=1, H=6, Hkv=6, Lq=16, Lk=16, d=8, alibi="standard")
+    modifier_case("flash_window_alibi_file", gen, "flash-attention", B=1, H=4, Hkv=2, Lq=12, Lk=30, d=8, causal=False,
+                  flash_window=(5, 3), alibi="file")
+
+
 BF16_DIR = "bf16"
 
 
@@ -884,6 +1021,10 @@ def write_bf16_cases():
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[2] == "modifiers":  # only the score-modifier cases (issue 24)
+        shutil.rmtree(os.path.join(OUT, MOD_DIR), ignore_errors=True)
+        write_modifier_cases()
+        return
     if os.path.isdir(OUT):
         for entry in os.listdir(OUT):  # regenerate the case folders; keep README.md
             if os.path.isdir(os.path.join(OUT, entry)):
@@ -911,6 +1052,7 @@ def main():
     write_decoder_cases()
     write_kv_cache_cases()
     write_bf16_cases()
+    write_modifier_cases()
     count = lambda d: len([e for e in os.listdir(d) if os.path.isdir(os.path.join(d, e))])
     print("wrote", count(OUT) - 3, "cases to", OUT, "and", count(os.path.join(OUT, DECODER_DIR)), "to",
           os.path.join(OUT, DECODER_DIR), "and", count(os.path.join(OUT, KV_DIR)), "to", os.path.join(OUT, KV_DIR), "and",

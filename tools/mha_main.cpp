@@ -47,6 +47,34 @@ const std::map<std::string, mha::DataType> kv_type_names{
 const std::map<std::string, mha::RopeStyle> rope_style_names{{"half", mha::RopeStyle::half},
                                                              {"interleaved", mha::RopeStyle::interleaved}};
 
+// --window-left, --window-right, --softcap and --alibi on one subcommand (ModifierOptions); read() after parsing.
+struct ModifierFlags {
+    long long left = 0, right = 0;
+    float softcap = 0.0f;
+    bool alibi = false;
+    CLI::Option *left_opt = nullptr, *right_opt = nullptr, *softcap_opt = nullptr, *alibi_opt = nullptr;
+
+    void add(CLI::App* app, const CLI::Validator& positive_real, const std::string& files) {
+        const CLI::Range non_negative(0LL, std::numeric_limits<long long>::max() / 4);
+        left_opt = app->add_option("--window-left", left,
+                                   "Sliding window: query at position p sees keys j >= p - N (Hugging Face sliding_window w "
+                                   "is --window-left w-1; default unbounded)")
+                       ->check(non_negative);
+        right_opt = app->add_option("--window-right", right, "Sliding window: keys j <= p + N (default unbounded; causal: 0)")
+                        ->check(non_negative);
+        softcap_opt = app->add_option("--softcap", softcap, "Logit softcap C: scores become C*tanh(s/C) (Gemma 2)")->check(positive_real);
+        alibi_opt = app->add_flag("--alibi", alibi, "ALiBi with BLOOM's standard slopes for H heads" + files);
+    }
+    ModifierOptions read() const {
+        ModifierOptions m;
+        if (left_opt->count() > 0) m.window_left = left;
+        if (right_opt->count() > 0) m.window_right = right;
+        if (softcap_opt->count() > 0) m.softcap = softcap;
+        m.alibi = alibi;
+        return m;
+    }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +178,8 @@ int main(int argc, char** argv) {
             ->check(positive_real);
     CLI::Option* run_v_scale_opt =
         run->add_option("--v-scale", run_v_scale, "fp8 KV cache: the values' scale (default 1)")->check(positive_real);
+    ModifierFlags run_mods;
+    run_mods.add(run, positive_real, " (or alibi_slopes.npy [H] in the folder; sinks.npy [H] adds attention sinks)");
     run->add_option("--out", run_opts.out,
                     "Output file (default: <npy dir>/output.npy); attn_weights.npy, present_key.npy, present_value.npy go "
                     "beside it");
@@ -174,6 +204,8 @@ int main(int argc, char** argv) {
     sdpa->add_option("--backend", sdpa_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     sdpa->add_option("--threads", sdpa_opts.threads, "Threads (0: all cores)")->check(thread_count);
     sdpa->add_option("--impl", sdpa_impl, "auto (default), materialized or fused")->check(CLI::IsMember(impl_names));
+    ModifierFlags sdpa_mods;
+    sdpa_mods.add(sdpa, positive_real, " (or alibi_slopes.npy [H] in the folder; sinks.npy [H] adds attention sinks)");
     sdpa->add_option("--out", sdpa_opts.out, "Output file (default: <npy dir>/output.npy)");
 
     // --- mha bench ----------------------------------------------------------------------------
@@ -269,6 +301,10 @@ int main(int argc, char** argv) {
              {BenchOp::decode, BenchOp::step});
     only_for(bench->add_option("--v-scale", bench_opts.v_scale, "decode, step: an fp8 cache's value scale (default 1)")->check(positive_real),
              {BenchOp::decode, BenchOp::step});
+    ModifierFlags bench_mods;
+    bench_mods.add(bench, positive_real, "");
+    for (CLI::Option* o : {bench_mods.left_opt, bench_mods.right_opt, bench_mods.softcap_opt, bench_mods.alibi_opt}) only_for(o, shape_ops);
+    only_for(bench->add_flag("--sinks", bench_opts.modifiers.sinks, "Attention sinks: a random logit per head in [-1, 1]"), shape_ops);
     bench->add_option("--reps", bench_opts.reps, "Timed repetitions (default 10)")->check(positive);
     bench->add_flag("--json", bench_opts.json, "Print one JSON object on one line");
 
@@ -309,6 +345,7 @@ int main(int argc, char** argv) {
                 run_opts.causal = true;
                 run_opts.causal_alignment = mha::CausalAlignment::bottom_right;
             }
+            run_opts.modifiers = run_mods.read();
             run_command(run_opts);
         } else if (*sdpa) {
             if (sdpa_bottom_right) {
@@ -318,6 +355,7 @@ int main(int argc, char** argv) {
             if (scale_opt->count() > 0) sdpa_opts.scale = sdpa_scale;
             sdpa_opts.backend = backend_names.at(sdpa_backend);
             sdpa_opts.impl = impl_names.at(sdpa_impl);
+            sdpa_opts.modifiers = sdpa_mods.read();
             sdpa_command(sdpa_opts);
         } else {
             bench_opts.op = op_names.at(bench_op);
@@ -338,6 +376,9 @@ int main(int argc, char** argv) {
             if (kdim_opt->count() > 0) bench_opts.kdim = bench_kdim;
             if (vdim_opt->count() > 0) bench_opts.vdim = bench_vdim;
             if (bench_rope_opt->count() > 0) bench_opts.rope_theta = bench_rope_theta;
+            const bool sinks = bench_opts.modifiers.sinks;
+            bench_opts.modifiers = bench_mods.read();
+            bench_opts.modifiers.sinks = sinks;
             bench_command(bench_opts);
         }
     } catch (const std::bad_alloc&) {

@@ -74,6 +74,31 @@ MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims) {
     return boolean ? MaskView::boolean(bools, dims[0], dims[1], dims[2]) : MaskView::additive(values, dims[0], dims[1], dims[2]);
 }
 
+LoadedModifiers load_modifiers(const fs::path& dir, const ModifierOptions& flags, std::size_t H) {
+    LoadedModifiers m;
+    m.view.window_left = flags.window_left.value_or(-1);
+    m.view.window_right = flags.window_right.value_or(-1);
+    m.view.softcap = flags.softcap.value_or(0.0f);
+    auto per_head = [&](const std::string& file) {
+        std::vector<float> v;
+        if (const std::optional<Input> in = load_input(dir, file, false)) {
+            require_float(*in);
+            require_shape(*in, {H}, "[H] (H = " + std::to_string(H) + ")");
+            v.assign(in->floats(), in->floats() + H);
+        }
+        return v;
+    };
+    m.sinks = per_head("sinks.npy");
+    m.slopes = per_head("alibi_slopes.npy");
+    if (flags.alibi) {
+        if (!m.slopes.empty()) fail("--alibi (the standard slopes) and alibi_slopes.npy both give ALiBi slopes: use one");
+        m.slopes = alibi_standard_slopes(H);
+    }
+    m.view.sinks = m.sinks.empty() ? nullptr : m.sinks.data();
+    m.view.alibi_slopes = m.slopes.empty() ? nullptr : m.slopes.data();
+    return m;
+}
+
 fs::path output_path(const fs::path& dir, const std::string& out) {
     const fs::path path = out.empty() ? dir / "output.npy" : fs::path(out);
     const fs::path out_dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();

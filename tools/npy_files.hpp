@@ -53,6 +53,14 @@ void require_attn_mask_shape(const Input& mask, std::size_t B, std::size_t H, st
 // (rank 2 or 3; the file's own shape, or e.g. [1, Lk] for an unbatched key_padding_mask).
 MaskView mask_view(const Input& in, const std::vector<std::size_t>& dims);
 
+// The score modifiers of `mha run` / `mha sdpa` for H query heads: the flags, sinks.npy [H] and
+// alibi_slopes.npy [H] from dir (float32/float64). `view` points into the vectors (keep the object alive).
+struct LoadedModifiers {
+    std::vector<float> sinks, slopes;
+    ScoreModifiers view;
+};
+LoadedModifiers load_modifiers(const std::filesystem::path& dir, const ModifierOptions& flags, std::size_t H);
+
 // The output path (--out, or <dir>/output.npy); a tool_error when its folder does not exist.
 std::filesystem::path output_path(const std::filesystem::path& dir, const std::string& out);
 

@@ -33,6 +33,8 @@
 //     Past and new K and V are rounded into it (round to nearest even; mha/quantized.hpp for the 8-bit types),
 //     attention uses the stored values, and present_*.npy (float32) hold them dequantized. --k-scale S and
 //     --v-scale S: an fp8 cache's scales (default 1; only with an fp8 --kv-type).
+//   Score modifiers (AttentionConfig::modifiers): --window-left N, --window-right N, --softcap C, --alibi (standard
+//   slopes), and sinks.npy [H], alibi_slopes.npy [H] in DIR; on every path, the KV cache's included.
 //   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
 //   --bf16-raw: every float input and weight file (query, key, value, the projection weights and biases,
 //   norm.*, past_key / past_value) must be a uint16 array of bfloat16 bit patterns, widened exactly to float;
@@ -358,6 +360,8 @@ void run_command(const RunOptions& opt) {
     config.vdim = vdim;
     config.compute = opt.dtype;
     config.norm_eps = opt.norm_eps;  // the post-norm belongs to the layer, with norm.weight / norm.bias
+    const LoadedModifiers mods = load_modifiers(dir, opt.modifiers, H);
+    config.modifiers = mods.view;  // copied by the constructor
     if (opt.rope_theta) {
         RopeConfig rope;
         rope.theta = *opt.rope_theta;

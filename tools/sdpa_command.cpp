@@ -4,7 +4,8 @@
 //   optional key_padding_mask.npy [B, Lk] and attn_mask.npy [Lq, Lk] or [B·H, Lq, Lk] (bool/uint8: true =
 //   masked; float: added to the scores). Writes output.npy [B, H, Lq, d] (float32) in DIR or at --out.
 //   --causal masks key j for query i when j > i (top-left), --causal-bottom-right when j > i + Lk − Lq;
-//   --scale replaces 1/√d.
+//   --scale replaces 1/√d. Score modifiers: --window-left / --window-right / --softcap / --alibi, and
+//   sinks.npy [H], alibi_slopes.npy [H] in DIR (mha/attention.hpp's ScoreModifiers).
 // As `mha run`: load and check everything, compute, then write under a temporary name and rename, so an
 // error leaves no output file behind.
 #include <filesystem>
@@ -58,6 +59,7 @@ void sdpa_command(const SdpaCommandOptions& opt) {
              " (B from q.npy " + q.shape_str() + ", Lk from k.npy " + k.shape_str() + ")");
     const std::optional<Input> attn_mask = load_input(dir, "attn_mask.npy", false);
     if (attn_mask) require_attn_mask_shape(*attn_mask, B, H, Lq, Lk, " (from q.npy " + q.shape_str() + " and k.npy " + k.shape_str() + ")");
+    const LoadedModifiers mods = load_modifiers(dir, opt.modifiers, H);
 
     // --- compute (the library validates the rest, e.g. the scale, and throws mha::invalid_argument) ---
     SdpaInputs in;
@@ -74,6 +76,7 @@ void sdpa_command(const SdpaCommandOptions& opt) {
     so.backend = opt.backend;
     so.threads = opt.threads;
     so.impl = opt.impl;
+    so.modifiers = mods.view;
     scaled_dot_product_attention(in, Heads::bhld(output.data(), B, H, Lq, d), so);
 
     // --- write -----------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ struct PagedSequences {
 struct PagedAttentionOptions {
     float scale = 0.0f;  // 0: 1/√d
     int threads = 0;     // 0: all cores
+    // Sliding window, softcap, sinks [H], ALiBi slopes [H] (mha/attention.hpp); sequence i's query row t is at
+    // position key_lengths[i] − q_i + t.
+    ScoreModifiers modifiers;
 };
 
 // Writes rows t < k.rows of k and v ([T, kv_heads·head_dim] fp32, head h at columns [h·d, h·d + d)) into the

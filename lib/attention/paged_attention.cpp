@@ -7,6 +7,7 @@
 #include "mha/paged_kv_cache.hpp"
 #include "kv_cache_access.hpp"
 #include "simd_attention.hpp"
+#include "validate_call.hpp"
 
 namespace mha {
 
@@ -49,8 +50,9 @@ void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedS
     if (detail::overlaps(q, out)) fail("out overlaps q");
     if (!std::isfinite(options.scale) || options.scale < 0.0f) fail("scale " + std::to_string(options.scale) + " is not finite and >= 0");
     if (options.threads < 0) fail("threads " + std::to_string(options.threads) + " is negative");
+    detail::check_modifiers(options.modifiers, q.cols / d, "modifiers");
     const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(d));
-    simd_paged_attention(q, pool, seqs, out, q.cols / d, scale, options.threads);
+    simd_paged_attention(q, pool, seqs, out, q.cols / d, scale, options.threads, options.modifiers);
 }
 
 }  // namespace mha

@@ -134,7 +134,7 @@ void simd_forward_varlen(const detail::LayerState& st, const ConstMatrix& x, con
 }
 
 void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
-                          std::size_t H, float scale, int threads) {
+                          std::size_t H, float scale, int threads, const ScoreModifiers& mods) {
     detail::Carver call, slot;
     const detail::PagedCoreLayout core = detail::paged_core_layout(seqs.count, seqs.key_lengths, seqs.query_starts, seqs.table_stride,
                                                                    H, pool.kv_heads, pool.head_dim, DataType::f32, call, slot);
@@ -146,6 +146,7 @@ void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const P
     p.sequences = seqs.count, p.H = H, p.Hkv = pool.kv_heads, p.d = pool.head_dim;
     p.key_lengths = seqs.key_lengths, p.query_starts = seqs.query_starts;
     p.scale = scale;
+    p.mods = mods;
     run_with_scratch(slots.bytes(), nullptr, slots.threads, [&](float* scratch) {
         detail::run_paged_core(p, core, scratch, scratch + slots.slots, slots.slot_floats, slots.threads);
     });

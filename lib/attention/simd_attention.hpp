@@ -24,6 +24,6 @@ void simd_forward_varlen(const detail::LayerState& st, const ConstMatrix& x, con
                          std::size_t n, bool causal, int threads);
 // Level-2 paged attention (paged_core.hpp) on validated arguments; tables: [n, table_stride].
 void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
-                          std::size_t H, float scale, int threads);
+                          std::size_t H, float scale, int threads, const ScoreModifiers& mods);
 
 }  // namespace mha
