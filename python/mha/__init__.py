@@ -18,7 +18,7 @@ library computes. Inference only (no dropout, no gradients).
 import numpy as _np
 
 from . import _mha
-from ._mha import KVCache, PagedKVCache, StepPlan, detected_isa, input_copies
+from ._mha import KVCache, PagedKVCache, StepPlan, alibi_standard_slopes, detected_isa, input_copies
 
 def __getattr__(name):
     # mha.torch and mha.bench import torch: loaded on first use, so `import mha` stays light.
@@ -28,7 +28,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
 
-__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "PagedKVCache", "StepPlan", "detected_isa", "input_copies"]
+__all__ = ["MultiheadAttention", "scaled_dot_product_attention", "KVCache", "PagedKVCache", "StepPlan", "alibi_standard_slopes",
+           "detected_isa", "input_copies"]
 
 
 class MultiheadAttention(_mha.MultiheadAttention):
@@ -54,16 +55,23 @@ class MultiheadAttention(_mha.MultiheadAttention):
     (True = not allowed) or float32 (added to the scores). need_weights: [B, Lq, Lk] averaged over heads or
     [B, H, Lq, Lk]. A query whose keys are all masked gets zero weights and the output bias (torch: NaN).
     threads=0 uses all cores. out= writes the output into an existing float32 array.
+
+    Score modifiers of every forward (the C++ AttentionConfig::modifiers; query i at its position p_i, key j at j):
+    window=(left, right): key j visible only when p_i - left <= j <= p_i + right (None or -1: unbounded on that
+    side; Hugging Face's sliding_window w is window=(w - 1, 0)); softcap=c: scores become c*tanh(s/c) (Gemma 2);
+    sinks=[H]: a per-head logit in each row's softmax denominator (gpt-oss); alibi_slopes=[H] or "standard"
+    (BLOOM's slopes, alibi_standard_slopes(H)): scores - slope_h*(p_i - j). Arrays are copied.
     """
 
     def __init__(self, embed_dim, num_heads, *, num_kv_heads=0, head_dim=0, kdim=0, vdim=0, bias=True,
-                 rope_theta=None, rope_dims=0, rope_style="half", compute="f32", seed=None, **weights):
+                 rope_theta=None, rope_dims=0, rope_style="half", compute="f32", seed=None, window=None, softcap=None,
+                 sinks=None, alibi_slopes=None, **weights):
         weights = {k: v for k, v in weights.items() if v is not None}
         if not any(k.endswith("_weight") and not k.startswith("norm") for k in weights):
             weights.update(_random_weights(embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias, seed))
         super().__init__(embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kdim=kdim, vdim=vdim,
                          rope_theta=rope_theta, rope_dims=rope_dims, rope_style=rope_style, compute=compute,
-                         weights=weights)
+                         weights=weights, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
 
     @classmethod
     def from_torch(cls, module, **options):
@@ -108,7 +116,7 @@ def _random_weights(E, H, Hkv, d, kdim, vdim, bias, seed):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                                  *, key_padding_mask=None, causal_alignment="top_left", threads=0, backend="simd",
-                                 impl="auto", out=None):
+                                 impl="auto", out=None, window=None, softcap=None, sinks=None, alibi_slopes=None):
     """PyTorch's F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p=0, is_causal, scale,
     enable_gqa) on numpy float32 arrays: query [..., H, Lq, d], key / value [..., Hkv, Lk, d] (rank 3 or 4;
     the leading batch axis, if any, is B), returns [..., H, Lq, d].
@@ -121,6 +129,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     must equal Hkv, as in PyTorch. is_causal is top-left aligned as in PyTorch (causal_alignment=
     'bottom_right' for new tokens at the end of the keys). key_padding_mask [B, Lk] (True = masked) is an
     extension. A query with every key masked gets zeros (PyTorch: NaN).
+    Score modifiers as in MultiheadAttention: window=(left, right), softcap=, sinks=[H], alibi_slopes=[H] or
+    "standard"; query i sits at position i (+ Lk - Lq with causal_alignment='bottom_right').
     """
     arrays = [query, key, value]
     for name, a in zip(("query", "key", "value"), arrays):
@@ -152,7 +162,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
         out = out[None]
     o = _mha._sdpa(q, k, v, kpm, am, bool(is_causal), causal_alignment,
-                   None if scale is None else float(scale), threads, backend, impl, out)
+                   None if scale is None else float(scale), threads, backend, impl, out,
+                   window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
     return o[0] if unbatched else o
 
 

@@ -330,6 +330,54 @@ py::array cache_view(py::object self, bool keys) {
 }
 
 // ---- MultiheadAttention ----------------------------------------------------------------------------------
+
+// The score modifiers' keywords (mha/attention.hpp's ScoreModifiers) for H heads: window=(left, right) (None or
+// -1: unbounded on that side), softcap (None or > 0), sinks [H], alibi_slopes [H] or "standard". The arrays are
+// copied into `store`; the returned view points at them.
+struct ModifierStore {
+    std::vector<float> sinks, slopes;
+};
+mha::ScoreModifiers modifiers_of(py::handle window, py::handle softcap, py::handle sinks, py::handle alibi_slopes, std::size_t H,
+                                 ModifierStore& store) {
+    mha::ScoreModifiers m;
+    if (!window.is_none()) {
+        if (!py::isinstance<py::sequence>(window) || py::isinstance<py::str>(window) || py::len(window) != 2)
+            value_error("window must be a pair (left, right); None or -1 leaves that side unbounded");
+        const py::sequence w = py::reinterpret_borrow<py::sequence>(window);
+        auto side = [&](py::handle x, const char* name) -> long long {
+            if (x.is_none()) return -1;
+            const long long v = py::cast<long long>(x);
+            if (v < -1) value_error(std::string("window ") + name + " must be >= -1 (-1: unbounded), got " + std::to_string(v));
+            return v;
+        };
+        m.window_left = side(w[0], "left"), m.window_right = side(w[1], "right");
+    }
+    if (!softcap.is_none()) {
+        m.softcap = py::cast<float>(softcap);
+        if (!(m.softcap > 0.0f) || !std::isfinite(m.softcap)) value_error("softcap must be a positive finite number, got " + std::to_string(m.softcap));
+    }
+    auto per_head = [&](py::handle h, const char* name, std::vector<float>& dst) {
+        auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(h);
+        if (!a) type_error(std::string(name) + " must be an array of " + std::to_string(H) + " floats");
+        if (a.ndim() != 1 || static_cast<std::size_t>(a.shape(0)) != H)
+            value_error(std::string(name) + " must have shape [" + std::to_string(H) + "] (one per query head), got " +
+                        shape_string(a));
+        dst.assign(a.data(), a.data() + H);
+    };
+    if (!sinks.is_none()) per_head(sinks, "sinks", store.sinks), m.sinks = store.sinks.data();
+    if (!alibi_slopes.is_none()) {
+        if (py::isinstance<py::str>(alibi_slopes)) {
+            if (py::cast<std::string>(alibi_slopes) != "standard")
+                value_error("alibi_slopes must be an array [H] or \"standard\", got '" + py::cast<std::string>(alibi_slopes) + "'");
+            store.slopes = mha::alibi_standard_slopes(H);
+        } else {
+            per_head(alibi_slopes, "alibi_slopes", store.slopes);
+        }
+        m.alibi_slopes = store.slopes.data();
+    }
+    return m;
+}
+
 struct PyLayer {
     mha::MultiheadAttention layer;
     std::size_t heads;  // H, for the shape of per-head weights
@@ -352,7 +400,8 @@ const float* weight_ptr(py::handle h, const char* name, std::vector<std::size_t>
 
 std::unique_ptr<PyLayer> make_layer(std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim,
                                     std::size_t vdim, std::optional<float> rope_theta, std::size_t rope_dims,
-                                    const std::string& rope_style, const std::string& compute, const py::dict& w) {
+                                    const std::string& rope_style, const std::string& compute, const py::dict& w,
+                                    py::handle window, py::handle softcap, py::handle sinks, py::handle alibi_slopes) {
     mha::AttentionConfig cfg;
     cfg.embed_dim = E;
     cfg.num_heads = H;
@@ -381,6 +430,8 @@ std::unique_ptr<PyLayer> make_layer(std::size_t E, std::size_t H, std::size_t Hk
     }
     const std::size_t hd = d ? d : E / H, qd = H * hd, kvd = hkv * hd;
     const std::size_t kd = kdim ? kdim : E, vd = vdim ? vdim : E;
+    ModifierStore mods;  // copied by the constructor
+    cfg.modifiers = modifiers_of(window, softcap, sinks, alibi_slopes, H, mods);
     auto get = [&](const char* key) -> py::handle { return w.contains(key) ? py::handle(w[key]) : py::handle(py::none()); };
 
     std::vector<py::array> keep;
@@ -629,7 +680,8 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
 // ---- scaled_dot_product_attention on [B, H, L, d] arrays (the Python wrapper maps PyTorch's conventions) ----
 py::array sdpa(py::handle query, py::handle key, py::handle value, py::handle key_padding_mask, py::handle attn_mask,
                bool is_causal, const std::string& causal_alignment, std::optional<float> scale, int threads,
-               const std::string& backend, const std::string& impl, py::handle out) {
+               const std::string& backend, const std::string& impl, py::handle out, py::handle window, py::handle softcap,
+               py::handle sinks, py::handle alibi_slopes) {
     const py::array q = float_input(query, "query", 4, 4), k = float_input(key, "key", 4, 4),
                     v = float_input(value, "value", 4, 4);
     const Mask kpm = mask_input(key_padding_mask, "key_padding_mask", 2, 2);
@@ -643,6 +695,8 @@ py::array sdpa(py::handle query, py::handle key, py::handle value, py::handle ke
     opt.threads = parse_threads(threads);
     opt.backend = parse_backend(backend);
     opt.impl = parse_impl(impl);
+    ModifierStore mods;
+    opt.modifiers = modifiers_of(window, softcap, sinks, alibi_slopes, static_cast<std::size_t>(q.shape(1)), mods);
     const std::vector<py::ssize_t> oshape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
     py::array o;
     if (out.is_none()) {
@@ -680,12 +734,16 @@ PYBIND11_MODULE(_mha, m) {
     layer_cls
         .def(py::init([](std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim, std::size_t vdim,
                          std::optional<float> rope_theta, std::size_t rope_dims, const std::string& rope_style,
-                         const std::string& compute, const py::dict& weights) {
-                 return make_layer(E, H, Hkv, d, kdim, vdim, rope_theta, rope_dims, rope_style, compute, weights);
+                         const std::string& compute, const py::dict& weights, py::handle window, py::handle softcap,
+                         py::handle sinks, py::handle alibi_slopes) {
+                 return make_layer(E, H, Hkv, d, kdim, vdim, rope_theta, rope_dims, rope_style, compute, weights, window, softcap,
+                                   sinks, alibi_slopes);
              }),
              py::arg("embed_dim"), py::arg("num_heads"), py::kw_only(), py::arg("num_kv_heads") = 0, py::arg("head_dim") = 0,
              py::arg("kdim") = 0, py::arg("vdim") = 0, py::arg("rope_theta") = py::none(), py::arg("rope_dims") = 0,
-             py::arg("rope_style") = "half", py::arg("compute") = "f32", py::arg("weights") = py::dict())
+             py::arg("rope_style") = "half", py::arg("compute") = "f32", py::arg("weights") = py::dict(),
+             py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("sinks") = py::none(),
+             py::arg("alibi_slopes") = py::none())
         .def_property_readonly("embed_dim", [](const PyLayer& s) { return s.layer.embed_dim(); })
         .def_property_readonly("num_heads", [](const PyLayer& s) { return s.layer.num_heads(); })
         .def_property_readonly("num_kv_heads", [](const PyLayer& s) { return s.layer.num_kv_heads(); })
@@ -728,7 +786,15 @@ PYBIND11_MODULE(_mha, m) {
 
     m.def("_sdpa", &sdpa, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask"),
           py::arg("attn_mask"), py::arg("is_causal"), py::arg("causal_alignment"), py::arg("scale"), py::arg("threads"),
-          py::arg("backend"), py::arg("impl"), py::arg("out"));
+          py::arg("backend"), py::arg("impl"), py::arg("out"), py::arg("window") = py::none(), py::arg("softcap") = py::none(),
+          py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none());
+    m.def("alibi_standard_slopes", [](std::size_t heads) {
+              const std::vector<float> s = mha::alibi_standard_slopes(heads);
+              py::array_t<float> a(static_cast<py::ssize_t>(s.size()));
+              std::copy(s.begin(), s.end(), a.mutable_data());
+              return a;
+          },
+          py::arg("heads"), "BLOOM's ALiBi slopes for `heads` heads (float32 [heads]).");
 
     py::class_<PyKVCache>(m, "KVCache")
         .def(py::init([](std::size_t b, std::size_t h, std::size_t d, std::size_t cap, const std::string& dtype, float ks, float vs) {
