@@ -695,3 +695,82 @@ TEST(LayerModifiers, ConfigValidationAndCopy) {
 }
 
 }  // namespace
+
+namespace {
+
+// Opt-in block release for sliding-window layers (PagedKVCache::release_before): a generation that releases
+// after every step gives bitwise the outputs of one that does not, with O(window) blocks in use; the refusals.
+TEST(PagedWindowRelease, GenerationKeepsWindowMemoryAndTheSameBits) {
+    const mha::RopeConfig rope{10000.0f, 0, mha::RopeStyle::half};
+    const long long left = 39;
+    const Mods mods{left, -1, 0.0f, sinks_for(4, 71), {}};
+    const mha_decode_test::DecoderLayer dl(64, 4, 2, 16, rope, true, false, 72);
+    const mha::MultiheadAttention m = make_layer(dl, mha::DataType::f32, mods);
+    const std::size_t E = 64, bs = 16, prompt = 50, steps = 150;
+    const std::vector<float> x = mha_decode_test::uniform((prompt + steps) * E, 1.0f, 73);
+    mha_test::for_each_cpu_isa([&] {
+        mha::PagedKVCache kept(64, bs, 2, 16), freed(64, bs, 2, 16);
+        const std::size_t a = kept.add_sequence(), b = freed.add_sequence();
+        std::size_t most = 0;
+        for (std::size_t t = 0; t < prompt + steps;) {
+            const std::size_t q = t == 0 ? prompt : 1;
+            std::vector<float> ya(q * E, kNaN), yb(q * E, kNaN);
+            m.forward_step(mha::ConstMatrix(x.data() + t * E, q, E, E), mha::Matrix(ya.data(), q, E, E), kept, &a, &q, 1);
+            m.forward_step(mha::ConstMatrix(x.data() + t * E, q, E, E), mha::Matrix(yb.data(), q, E, E), freed, &b, &q, 1);
+            ASSERT_TRUE(mha_decode_test::same_bits(ya, yb)) << "token " << t;
+            t += q;
+            const std::size_t released = freed.release_before(b, t - std::size_t(left));
+            ASSERT_EQ(released, (t - std::size_t(left)) / bs * bs);
+            most = std::max(most, freed.used_blocks());
+        }
+        EXPECT_EQ(kept.used_blocks(), (prompt + steps + bs - 1) / bs);  // 13 blocks
+        EXPECT_LE(most, (std::size_t(left) + 1 + bs - 1) / bs + 2);      // the window's blocks and the one being filled
+        // copy_keys: NaN where released, the kept cache's rows after.
+        std::vector<float> ka((prompt + steps) * 16), kb(ka.size());
+        kept.copy_keys(a, 1, mha::Matrix(ka.data(), prompt + steps, 16));
+        freed.copy_keys(b, 1, mha::Matrix(kb.data(), prompt + steps, 16));
+        const std::size_t rel = freed.released_tokens(b);
+        for (std::size_t n = 0; n < rel * 16; ++n) ASSERT_TRUE(std::isnan(kb[n]));
+        EXPECT_EQ(std::memcmp(ka.data() + rel * 16, kb.data() + rel * 16, (ka.size() - rel * 16) * sizeof(float)), 0);
+    });
+}
+
+TEST(PagedWindowRelease, RefusalsChangeNothing) {
+    const mha_decode_test::DecoderLayer dl(64, 4, 2, 16, std::nullopt, false, false, 81);
+    const mha::MultiheadAttention windowed = make_layer(dl, mha::DataType::f32, Mods{31, -1, 0.0f, {}, {}});
+    const mha::MultiheadAttention wider = make_layer(dl, mha::DataType::f32, Mods{70, -1, 0.0f, {}, {}});
+    const mha::MultiheadAttention full = make_layer(dl, mha::DataType::f32, Mods{});
+    mha::PagedKVCache cache(32, 16, 2, 16);
+    const std::size_t s = cache.add_sequence();
+    const std::size_t q = 100;
+    const std::vector<float> x = mha_decode_test::uniform(q * 64, 1.0f, 82);
+    std::vector<float> y(q * 64);
+    windowed.forward_step(mha::ConstMatrix(x.data(), q, 64, 64), mha::Matrix(y.data(), q, 64, 64), cache, &s, &q, 1);
+    EXPECT_THROW(cache.release_before(s, 101), mha::invalid_argument);
+    EXPECT_EQ(cache.release_before(s, 100 - 31), 64u);  // blocks 0-3 (tokens 0..63)
+    EXPECT_EQ(cache.used_blocks(), 3u);
+    const std::size_t t = cache.fork(s);  // shares the kept blocks, none of the released
+    EXPECT_EQ(cache.released_tokens(t), 64u);
+    EXPECT_EQ(cache.used_blocks(), 3u);
+    const std::size_t one = 1;
+    std::vector<float> y1(64, 7.0f);
+    for (const mha::MultiheadAttention* layer : {&wider, &full}) {  // would see released keys: refused
+        try {
+            layer->forward_step(mha::ConstMatrix(x.data(), 1, 64, 64), mha::Matrix(y1.data(), 1, 64, 64), cache, &s, &one, 1);
+            ADD_FAILURE() << "accepted";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("released"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(cache.length(s), 100u);
+        for (float v : y1) ASSERT_EQ(v, 7.0f);
+    }
+    windowed.forward_step(mha::ConstMatrix(x.data(), 1, 64, 64), mha::Matrix(y1.data(), 1, 64, 64), cache, &s, &one, 1);
+    EXPECT_EQ(cache.length(s), 101u);
+    EXPECT_THROW(cache.truncate(s, 63), mha::invalid_argument);
+    cache.truncate(s, 64);
+    cache.free_sequence(s);
+    cache.free_sequence(t);
+    EXPECT_EQ(cache.free_blocks(), 32u);
+}
+
+}  // namespace

@@ -112,22 +112,35 @@ public:
     std::size_t length(std::size_t s) const;
     // Block ids of s's first ceil(length / block_size) blocks.
     const std::vector<std::uint32_t>& block_table(std::size_t s) const;
-    // Keep s's first n <= length(s) tokens; blocks past them return to the pool (when no fork still holds them).
+    // Keep s's first n <= length(s) tokens (n >= released_tokens(s) unless n = 0); blocks past them return to the pool
+    // (when no fork still holds them).
     void truncate(std::size_t s, std::size_t n);
     // Forget s: its blocks return to the pool (when not shared), its id may be reused.
     void free_sequence(std::size_t s);
     // Appends n = k.rows tokens of projected, rotated K and V ([1, Hkv, n, d] each, as KVCache::append).
     // mha::invalid_argument when the pool lacks blocks (naming blocks needed and free), nothing changed.
     void append(std::size_t s, const ConstHeads& k, const ConstHeads& v);
-    // s's K / V rows of KV head h widened to float into dst [length(s), d] (stride >= d).
+    // s's K / V rows of KV head h widened to float into dst [length(s), d] (stride >= d); rows whose blocks were
+    // released (release_before) read as NaN.
     void copy_keys(std::size_t s, std::size_t h, Matrix dst) const;
     void copy_values(std::size_t s, std::size_t h, Matrix dst) const;
+    // Sliding-window layers (ScoreModifiers::window_left = w): a query at position p sees no key before p − w, and
+    // every future query of s sits at length(s) or later, so the blocks wholly before length(s) − w are never read
+    // again. release_before(s, position) returns the blocks that lie wholly before `position` (<= length(s)) to the
+    // pool (a block still held by a fork stays with it), so a long generation keeps O(w) memory (opt-in: call it after
+    // each step with position = length(s) − w). Returns released_tokens(s): the leading tokens whose blocks are gone
+    // (a multiple of block_size). Afterwards a forward_step whose layer could see those tokens (no window, or one
+    // reaching before released_tokens(s)) is refused with nothing changed, truncate below them is refused, and
+    // copy_keys / copy_values give NaN rows there.
+    std::size_t release_before(std::size_t s, std::size_t position);
+    std::size_t released_tokens(std::size_t s) const;
 
 private:
     friend struct detail::PagedKVCacheAccess;
     struct Sequence {
-        std::vector<std::uint32_t> blocks;
+        std::vector<std::uint32_t> blocks;  // detail::kReleasedBlock for released ones
         std::size_t length = 0;
+        std::size_t released = 0;           // leading tokens whose blocks were released
         bool live = false;
     };
     void check_sequence(std::size_t s) const;

@@ -20,6 +20,10 @@
 
 namespace mha::detail {
 
+// A block-table entry whose block a paged cache released (PagedKVCache::release_before): its rows are never read
+// by attention (the window check refuses a layer that would see them); widen() gives zeros for them.
+constexpr std::uint32_t kReleasedBlock = 0xFFFFFFFFu;
+
 struct KVRows {
     const void* base = nullptr;
     const ElementFormat* format = &element_format(DataType::f32);
@@ -68,9 +72,15 @@ struct KVRows {
     void write_row(std::size_t b, std::size_t h, std::size_t j, const float* src) const noexcept {
         format->narrow(src, row_bytes(b, h, j), dim, scale);
     }
-    // Rows [lo, hi) of (b, h) widened into dst (hi − lo rows of d floats, stride >= d).
+    // Rows [lo, hi) of (b, h) widened into dst (hi − lo rows of d floats, stride >= d); rows of a released block
+    // as zeros (a pack block may reach into them before the window; they are masked there).
     void widen(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi, Matrix dst) const noexcept {
-        for (std::size_t j = lo; j < hi; ++j) format->widen(row_bytes(b, h, j), dst.row(j - lo), dim, scale);
+        for (std::size_t j = lo; j < hi; ++j) {
+            if (block_table != nullptr && block_table[b * table_stride + j / block_rows] == kReleasedBlock)
+                std::fill(dst.row(j - lo), dst.row(j - lo) + dim, 0.0f);
+            else
+                format->widen(row_bytes(b, h, j), dst.row(j - lo), dim, scale);
+        }
     }
     // Bytes of one stored row.
     std::size_t stored_row_bytes() const noexcept { return format->row_bytes(dim); }

@@ -326,6 +326,18 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
     check_cache_heads(cache, st);  // the layer's shape is the plan's
     check_packed_rows(x, y, plan.tokens(), st.E, "T = sum of q_lens");
     const detail::StepReservation r = detail::PagedKVCacheAccess::reserve_step(cache, p.step);
+    // Released blocks (PagedKVCache::release_before) must lie before every new query's window.
+    const ScoreModifiers mods = st.modifiers();
+    for (std::size_t i = 0; i < p.step.sequences; ++i) {
+        const std::size_t id = p.step.ids[i], released = cache.released_tokens(id);
+        const std::size_t past = p.step.key_lengths[i] - (p.step.query_starts[i + 1] - p.step.query_starts[i]);
+        if (released == 0) continue;
+        if (mods.window_left < 0 || static_cast<unsigned long long>(mods.window_left) > past - released)
+            fail("sequence " + std::to_string(id) + " released the blocks of its first " + std::to_string(released) +
+                 " tokens, but this layer's window " +
+                 (mods.window_left < 0 ? std::string("is unbounded on the left")
+                                       : "reaches back to position " + std::to_string(static_cast<long long>(past) - mods.window_left)));
+    }
     simd_forward_step(st, p.layout, x, y, cache, r);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -203,21 +204,23 @@ void PagedKVCache::release(std::uint32_t block) noexcept {
 std::size_t PagedKVCache::add_sequence() {
     for (std::size_t s = 0; s < seqs_.size(); ++s)
         if (!seqs_[s].live) {
-            seqs_[s] = Sequence{{}, 0, true};
+            seqs_[s] = Sequence{{}, 0, 0, true};
             return s;
         }
-    seqs_.push_back(Sequence{{}, 0, true});
+    seqs_.push_back(Sequence{{}, 0, 0, true});
     return seqs_.size() - 1;
 }
 
 std::size_t PagedKVCache::fork(std::size_t s) {
     check_sequence(s);
     std::vector<std::uint32_t> blocks = seqs_[s].blocks;  // may throw: before anything changes
-    const std::size_t length = seqs_[s].length;
+    const std::size_t length = seqs_[s].length, released = seqs_[s].released;
     const std::size_t t = add_sequence();
     seqs_[t].blocks = std::move(blocks);
     seqs_[t].length = length;
-    for (std::uint32_t b : seqs_[t].blocks) ++refs_[b];
+    seqs_[t].released = released;
+    for (std::uint32_t b : seqs_[t].blocks)
+        if (b != detail::kReleasedBlock) ++refs_[b];
     return t;
 }
 
@@ -236,10 +239,35 @@ void PagedKVCache::truncate(std::size_t s, std::size_t n) {
     Sequence& q = seqs_[s];
     if (n > q.length)
         fail("cannot truncate sequence " + str(s) + " to " + str(n) + " tokens: it holds " + str(q.length));
+    if (n != 0 && n < q.released)
+        fail("cannot truncate sequence " + str(s) + " to " + str(n) + " tokens: the blocks of its first " + str(q.released) +
+             " tokens were released (release_before)");
     const std::size_t keep = blocks_for(n, pool_.block_size);
-    for (std::size_t b = keep; b < q.blocks.size(); ++b) release(q.blocks[b]);
+    for (std::size_t b = keep; b < q.blocks.size(); ++b)
+        if (q.blocks[b] != detail::kReleasedBlock) release(q.blocks[b]);
     q.blocks.resize(keep);
     q.length = n;
+    if (n == 0) q.released = 0;
+}
+
+std::size_t PagedKVCache::release_before(std::size_t s, std::size_t position) {
+    check_sequence(s);
+    Sequence& q = seqs_[s];
+    if (position > q.length)
+        fail("cannot release sequence " + str(s) + "'s blocks before position " + str(position) + ": it holds " + str(q.length) +
+             " tokens");
+    const std::size_t whole = position / pool_.block_size;
+    for (std::size_t b = q.released / pool_.block_size; b < whole; ++b) {
+        release(q.blocks[b]);
+        q.blocks[b] = detail::kReleasedBlock;
+    }
+    q.released = std::max(q.released, whole * pool_.block_size);
+    return q.released;
+}
+
+std::size_t PagedKVCache::released_tokens(std::size_t s) const {
+    check_sequence(s);
+    return seqs_[s].released;
 }
 
 void PagedKVCache::free_sequence(std::size_t s) {
@@ -274,7 +302,10 @@ void PagedKVCache::copy_rows(bool values, std::size_t s, std::size_t h, Matrix d
     if (dst.rows != len || dst.cols != pool_.head_dim || dst.stride < dst.cols || (dst.data == nullptr && dst.rows != 0))
         fail(std::string(what) + ": dst is " + detail::shape_str(dst.rows, dst.cols) + " with stride " + str(dst.stride) +
              " but must be [length(s), d] = " + detail::shape_str(len, pool_.head_dim) + " with stride >= d");
-    detail::pool_rows(pool_, values, seqs_[s].blocks.data(), 0).widen(0, h, 0, len, dst);
+    const std::size_t released = seqs_[s].released;
+    for (std::size_t j = 0; j < released; ++j)
+        std::fill(dst.row(j), dst.row(j) + pool_.head_dim, std::numeric_limits<float>::quiet_NaN());
+    detail::pool_rows(pool_, values, seqs_[s].blocks.data(), 0).widen(0, h, released, len, dst.row_block(released, len - released));
 }
 
 void PagedKVCache::copy_keys(std::size_t s, std::size_t h, Matrix dst) const { copy_rows(false, s, h, dst); }

@@ -858,6 +858,11 @@ PYBIND11_MODULE(_mha, m) {
         .def("truncate", [](PyPagedKVCache& c, std::size_t s, std::size_t n) { PagedUse u(c); c.cache.truncate(s, n); },
              py::arg("s"), py::arg("n"))
         .def("free_sequence", [](PyPagedKVCache& c, std::size_t s) { PagedUse u(c); c.cache.free_sequence(s); }, py::arg("s"))
+        .def("release_before", [](PyPagedKVCache& c, std::size_t s, std::size_t position) { PagedUse u(c); return c.cache.release_before(s, position); },
+             py::arg("s"), py::arg("position"),
+             "Sliding-window layers: return the blocks wholly before `position` to the pool (keys no future query's window "
+             "reaches); returns released_tokens(s). Opt-in, after a step: position = length(s) - window_left.")
+        .def("released_tokens", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.released_tokens(s); }, py::arg("s"))
         .def("append",
              [](PyPagedKVCache& c, std::size_t s, py::handle key, py::handle value) {
                  // [Hkv, n, d] or [1, Hkv, n, d], projected and rotated (as KVCache.append).

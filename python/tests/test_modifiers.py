@@ -151,3 +151,29 @@ def test_alibi_standard_slopes():
     s = mha.alibi_standard_slopes(12)
     assert s.dtype == np.float32 and s.shape == (12,)
     assert s[0] == 0.5 and s[7] == 2.0 ** -8 and s[8] == np.float32(2.0 ** -0.5)
+
+
+def test_paged_release_before_keeps_window_memory():
+    """A windowed layer generating through a PagedKVCache: releasing the blocks before each new token's window
+    after every step changes no output bit and keeps the blocks in use bounded by the window."""
+    E, H, Hkv, d, left = 32, 4, 2, 8, 15
+    layer = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, head_dim=d, seed=5, rope_theta=10000.0, window=(left, 0))
+    x = rand(100, E)
+    kept, freed = mha.PagedKVCache(16, 16, Hkv, d), mha.PagedKVCache(16, 16, Hkv, d)
+    a, b = kept.add_sequence(), freed.add_sequence()
+    t, most = 0, 0
+    while t < 100:
+        q = 20 if t == 0 else 1
+        ya, _ = layer(x[t:t + q], cache=kept, seq_ids=[a], q_lens=[q])
+        yb, _ = layer(x[t:t + q], cache=freed, seq_ids=[b], q_lens=[q])
+        assert np.array_equal(ya, yb)
+        t += q
+        assert freed.release_before(b, t - left) == (t - left) // 16 * 16
+        most = max(most, freed.num_blocks - freed.free_blocks)
+    assert kept.num_blocks - kept.free_blocks == 7 and most <= 3
+    keys = freed.keys(b)
+    assert np.isnan(keys[:, :freed.released_tokens(b)]).all()
+    plain = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, head_dim=d, seed=5, rope_theta=10000.0)
+    with pytest.raises(ValueError, match="released"):
+        plain(x[:1], cache=freed, seq_ids=[b], q_lens=[1])
+    assert freed.length(b) == 100
