@@ -323,14 +323,19 @@ void bench_command(const BenchOptions& opt) {
             const AttentionPath path = sdpa_path(in, so);
             // Pairs (i, j) whose score is computed: all, or with causal those with j <= i + Lk − Lq.
             // With a window: those inside it (query i at position i + Lk − Lq).
-            double pairs = double(Lq) * double(Lk);
+            // K/V bytes: the keys some query sees (all, or with a window the union of the windows).
+            double pairs = double(Lq) * double(Lk), first = 0, last = double(Lk) - 1;
             if (opt.causal || mods.view.window()) {
-                pairs = 0;
-                for (std::size_t i = 0; i < Lq; ++i)  // exact: all below 2^53
-                    pairs += mods.visible(double(i) + double(Lk) - double(Lq), double(Lk), opt.causal);
+                pairs = 0, first = double(Lk), last = -1;
+                for (std::size_t i = 0; i < Lq; ++i) {  // exact: all below 2^53
+                    const double p = double(i) + double(Lk) - double(Lq);
+                    const auto [lo, hi] = mods.span(p, double(Lk), opt.causal);
+                    pairs += mods.visible(p, double(Lk), opt.causal);
+                    if (lo <= hi) first = std::min(first, lo), last = std::max(last, hi);
+                }
             }
             flops = 4.0 * double(B) * double(H) * double(d) * pairs;
-            bytes = 2.0 * double(B) * double(Hkv) * double(Lk) * double(d) * sizeof(float);
+            bytes = 2.0 * double(B) * double(Hkv) * std::max(0.0, last - first + 1) * double(d) * sizeof(float);
             j["impl"] = impl_name(opt.impl);
             j["path"] = std::string(attention_path_name(path));
             j["causal"] = opt.causal;
@@ -380,8 +385,12 @@ void bench_command(const BenchOptions& opt) {
                     for (std::size_t b = 0; b < B; ++b) cache.truncate(b, Lk);
                 });
             const double b = double(B), lq = double(Lq), lk = double(Lk), e = double(E), hd = double(Hd), hkvd = double(Hkvd);
-            double pairs = 0;  // (lk + lq per query without a window)
-            for (std::size_t i = 0; i < Lq; ++i) pairs += mods.visible(lk + double(i), lk + lq, true);
+            double pairs = lq * (lk + lq);  // every key per new token, as documented; with a window the visible pairs
+            if (mods.view.window()) {
+                pairs = 0;
+                for (std::size_t i = 0; i < Lq; ++i) pairs += mods.visible(lk + double(i), lk + lq, true);
+                j["flops_counted"] = "visible pairs";
+            }
             flops = 2 * b * lq * (e * hd + 2 * e * hkvd + hd * e) + 4 * b * pairs * hd;
             const double weight_bytes = double(attention.weight_bytes_read());
             const std::size_t cache_bytes = count_of("the K/V cache", {2, B, Hkv, capacity, kv_row_bytes(opt.kv_type, d)});
