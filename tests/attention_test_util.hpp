@@ -439,9 +439,9 @@ inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& 
                     }
                     double sc = s.scale * dot;
                     double esc = abs_scale * independent_sum(prop, prop2) + rounding_growth(d + 3) * kU * abs_scale * mag;
-                    if (s.mods.softcap > 0.0f) {  // c·tanh(s / c): slope sech² <= 1; the division, tanh, product
+                    if (s.mods.softcap > 0.0f) {  // c·tanh(s·(1/c)): slope sech² <= 1; 1/c and the product, tanh, ·c
                         const double c = s.mods.softcap, t = std::tanh(sc / c), sech2 = 1.0 - t * t;
-                        esc = (esc + kU * std::abs(sc)) * sech2 + (kTanhUlp + 1) * kU * std::abs(c * t);
+                        esc = (esc + 2 * kU * std::abs(sc)) * sech2 + (kTanhUlp + 1) * kU * std::abs(c * t);
                         sc = c * t;
                     }
                     if (s.mods.alibi_slopes != nullptr) {  // − m_h·(p_i − j): the product and the sum rounded

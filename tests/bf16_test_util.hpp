@@ -266,7 +266,7 @@ inline Expected evaluate(const Spec& s, const Weights& w, const float* query, co
                         const double c = s.mods.softcap;
                         auto cap = [&](double& x, double& e) {
                             const double t = std::tanh(x / c), sech2 = 1.0 - t * t;
-                            e = (e + kV * std::abs(x)) * sech2 + (mha_test::kTanhUlp + 1) * kV * std::abs(c * t);
+                            e = (e + 2 * kV * std::abs(x)) * sech2 + (mha_test::kTanhUlp + 1) * kV * std::abs(c * t);
                             x = c * t;
                         };
                         cap(sco, eso), cap(sct, est);

@@ -261,9 +261,9 @@ TEST(ScoreModifiersKernel, SoftcapTanhWithinBound) {
             std::vector<float> x(xs.size());
             for (std::size_t n = 0; n < xs.size(); ++n) x[n] = xs[n] * c;
             std::vector<float> y = x;
-            mha::simd::modify_scores(y.data(), y.size(), c, 0.0f, 0.0f);
+            mha::simd::modify_scores(y.data(), y.size(), {c, 0.0f, 0.0f});
             for (std::size_t n = 0; n < x.size(); ++n) {
-                const double want = double(c) * std::tanh(double(x[n] / c));  // the division is the kernel's
+                const double want = double(c) * std::tanh(double(x[n] * (1.0f / c)));  // the kernel's argument
                 const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-38)) - 23);
                 worst = std::max(worst, std::abs(double(y[n]) - want) / ulp);
             }
@@ -271,15 +271,15 @@ TEST(ScoreModifiersKernel, SoftcapTanhWithinBound) {
         EXPECT_LE(worst, mha_test::kTanhUlp);
         RecordProperty("max_ulp_" + std::string(mha::isa_name(mha::active_isa())), std::to_string(worst));
         float sp[5] = {INFINITY, -INFINITY, kNaN, 0.0f, -0.0f};
-        mha::simd::modify_scores(sp, 5, 30.0f, 0.0f, 0.0f);
+        mha::simd::modify_scores(sp, 5, {30.0f, 0.0f, 0.0f});
         EXPECT_EQ(sp[0], 30.0f);
         EXPECT_EQ(sp[1], -30.0f);
         EXPECT_TRUE(std::isnan(sp[2]));
         EXPECT_EQ(sp[3], 0.0f);
-        // ALiBi alone: x + slope·(j − distance0), exact here (a power-of-two slope, small integers).
+        // ALiBi alone: x + slope·(t0 + j), exact here (a power-of-two slope, small integers).
         float a[19];
         for (int j = 0; j < 19; ++j) a[j] = 1.0f;
-        mha::simd::modify_scores(a, 19, 0.0f, 0.25f, 20.0f);
+        mha::simd::modify_scores(a, 19, {0.0f, 0.25f, -20.0f});
         for (int j = 0; j < 19; ++j) EXPECT_EQ(a[j], 1.0f + 0.25f * float(j - 20)) << j;
     });
 }

@@ -79,7 +79,7 @@ struct RopeConfig {
 // bottom-right alignment; with a KV cache or a paged step: the cached length + i) and key j at j. For query
 // head h, on the scaled score s = scale·q_i·k_j, in this order:
 //   softcap c > 0: s ← c·tanh(s / c) (Gemma 2's attn_logit_softcapping), before ALiBi and the masks. The
-//     SIMD kernels' tanh (xsimd's) is within 2 ulp of tanh (measured 1.83 on a dense sweep: tests/test_score_modifiers.cpp);
+//     SIMD kernels compute c·tanh(s·(1/c)) with xsimd's tanh, within 2 ulp (measured 1.83 on a dense sweep: tests/test_score_modifiers.cpp);
 //   ALiBi slope m_h (alibi_slopes [H]): s ← s − m_h·(p_i − j) (BLOOM, MPT; alibi_standard_slopes(H) gives
 //     BLOOM's slopes; BLOOM's per-key bias m_h·j gives the same softmax except beside a sink, where this relative form holds);
 //   sliding window (window_left, window_right): key j is visible only when p_i − left <= j <= p_i + right

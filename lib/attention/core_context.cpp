@@ -76,20 +76,22 @@ KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {
     return {static_cast<std::size_t>(lo), static_cast<std::size_t>(hi)};
 }
 
-void CoreContext::modify_scores(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n) const noexcept {
-    if (!modifies_scores() || n == 0) return;
-    const float slope = p.mods.alibi_slopes != nullptr ? p.mods.alibi_slopes[h] : 0.0f;
-    const float distance0 = static_cast<float>(query_position(b, i) - static_cast<std::ptrdiff_t>(j0));
-    simd::modify_scores(x, n, p.mods.softcap, slope, distance0);
+simd::ScoreRowModifiers CoreContext::row_modifiers(std::size_t b, std::size_t h, std::size_t i, std::size_t j0) const noexcept {
+    simd::ScoreRowModifiers m;
+    if (!modifies_scores()) return m;
+    m.softcap = p.mods.softcap;
+    m.slope = p.mods.alibi_slopes != nullptr ? p.mods.alibi_slopes[h] : 0.0f;
+    m.t0 = static_cast<float>(static_cast<std::ptrdiff_t>(j0) - query_position(b, i));
+    return m;
 }
 
 float CoreContext::softmax_tile(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n,
                                 float& running_max) const noexcept {
     const KeyRange r = visible(b, i);
     const std::size_t valid = tile_valid(r, j0, n), pre = hidden_prefix(r, j0, valid);
-    modify_scores(b, h, i, j0 + pre, x + pre, valid - pre);
     const float sum = simd::softmax_tile_online(x + pre, n - pre, valid - pre, 1.0f, key_padding_row(b).from(j0 + pre),
-                                                attn_mask_row(b, h, i).from(j0 + pre), running_max);
+                                                attn_mask_row(b, h, i).from(j0 + pre), running_max,
+                                                row_modifiers(b, h, i, j0 + pre));
     std::fill(x, x + pre, 0.0f);
     return sum;
 }

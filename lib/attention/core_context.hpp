@@ -3,8 +3,9 @@
 //   visibility: query i of batch b sees keys [lo, hi) of its sequence (visible(): the causal rule and a
 //     sliding window's right side bound hi, its left side lo), further masked by the padding and attention
 //     masks read row by row; the paths visit only key tiles that meet a block's range;
-//   score modifiers (modify_scores: softcap, ALiBi, and -inf before a row's lo inside a tile) between the
-//     score GEMM and the softmax kernels, and the sink in each row's denominator (row_normalizer);
+//   score modifiers: softcap and ALiBi applied by the softmax kernels' first pass (row_modifiers), the keys
+//     before a row's lo inside a tile given probability 0 (softmax_tile), and the sink in each row's
+//     denominator (row_normalizer);
 //   non-finite values: a masked key must not reach the output through 0·NaN, so a KV head whose values hold
 //     NaN or ±inf (value_flags) takes the careful P·V (accumulate_unmasked) instead of the GEMM.
 // Preconditions: the problem validated, the scratch laid out by core_layout for the same shape and path.
@@ -86,8 +87,8 @@ public:
         return range.lo > j0 ? (range.lo - j0 < n ? range.lo - j0 : n) : 0;
     }
     bool modifies_scores() const noexcept { return p.mods.softcap > 0.0f || p.mods.alibi_slopes != nullptr; }
-    // Softcap and ALiBi on the scaled scores x[0, n) of query i of head h against keys [j0, j0 + n) of batch b.
-    void modify_scores(std::size_t b, std::size_t h, std::size_t i, std::size_t j0, float* x, std::size_t n) const noexcept;
+    // Softcap and ALiBi of query i of head h (batch b) against keys from j0 on, as the softmax kernels take them.
+    simd::ScoreRowModifiers row_modifiers(std::size_t b, std::size_t h, std::size_t i, std::size_t j0) const noexcept;
     // The factor that turns a row's unnormalized output (running max m, sum l) into probabilities: 1 / l, or
     // with a sink σ_h exp(m − m')/(l·exp(m − m') + exp(σ_h − m')), m' = max(m, σ_h). 0 when l = 0 (every key
     // masked); NaN stays NaN.

@@ -68,15 +68,15 @@ void attend_block(const CoreContext& c, std::size_t b, std::size_t h, std::size_
         const KeyRange range = c.visible(b, i);
         const std::size_t valid = c.tile_valid(range, 0, cols), pre = CoreContext::hidden_prefix(range, 0, valid);
         float* x = s.row(r) + pre;
-        c.modify_scores(b, h, i, pre, x, valid - pre);
         const simd::MaskRow padding = c.key_padding_row(b).from(pre), am = c.attn_mask_row(b, h, i).from(pre);
+        const simd::ScoreRowModifiers mods = c.row_modifiers(b, h, i, pre);
         if (p.mods.sinks != nullptr) {  // the online kernel leaves the max and sum the sink's denominator needs
             float m = -std::numeric_limits<float>::infinity();
-            const float l = simd::softmax_tile_online(x, cols - pre, valid - pre, 1.0f, padding, am, m);
+            const float l = simd::softmax_tile_online(x, cols - pre, valid - pre, 1.0f, padding, am, m, mods);
             const float inv = c.row_normalizer(h, m, l);
             for (std::size_t j = 0; j < valid - pre; ++j) x[j] *= inv;
         } else {
-            simd::softmax_row(x, cols - pre, valid - pre, 1.0f, padding, am);
+            simd::softmax_row(x, cols - pre, valid - pre, 1.0f, padding, am, mods);
         }
         std::fill(s.row(r), x, 0.0f);
     }

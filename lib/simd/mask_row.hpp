@@ -30,4 +30,14 @@ struct MaskRow {
     }
 };
 
+// The score modifiers of one row (mha::ScoreModifiers as the softmax kernels apply them, before the masks): softcap
+// c > 0: z ← c·tanh(z / c); slope != 0 (ALiBi): z ← z + slope·(t0 + j) for entry j, t0 = the first key's position
+// minus the query's (t0 + j exact: integers below 2^24).
+struct ScoreRowModifiers {
+    float softcap = 0.0f, slope = 0.0f, t0 = 0.0f;
+    constexpr bool any() const { return softcap > 0.0f || slope != 0.0f; }
+    // The same row from entry j on.
+    constexpr ScoreRowModifiers from(std::size_t j) const { return {softcap, slope, t0 + static_cast<float>(j)}; }
+};
+
 }  // namespace mha::simd

@@ -5,8 +5,8 @@
 namespace mha::simd {
 
 float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
-                          MaskRow mask1, float& running_max) noexcept {
-    return dispatch(active_isa(), softmax_tile_online_kernel{}, x, n, n_valid, scale, mask0, mask1, running_max);
+                          MaskRow mask1, float& running_max, ScoreRowModifiers mods) noexcept {
+    return dispatch(active_isa(), softmax_tile_online_kernel{}, x, n, n_valid, scale, mask0, mask1, running_max, mods);
 }
 
 }  // namespace mha::simd

@@ -1,4 +1,4 @@
-// One key tile of the online softmax: z = scale·x + masks over n_valid entries, raise the running
+// One key tile of the online softmax: z = modifiers(scale·x) + masks over n_valid entries, raise the running
 // max, overwrite x with exp(z − max) (zeros past n_valid) and return the sum. The same two passes as
 // the row softmax (softmax_math.hpp): z and its max (z stored over x unless scale is 1 and there are no
 // masks); exp and its sum. Preconditions: x holds n floats, masks n_valid entries or none, no overlap.
@@ -14,8 +14,9 @@ namespace mha::simd {
 
 template <class Arch>
 float softmax_tile_online_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale,
-                                             MaskRow mask0, MaskRow mask1, float& running_max) const noexcept {
-    const float tile_max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
+                                             MaskRow mask0, MaskRow mask1, float& running_max,
+                                             ScoreRowModifiers mods) const noexcept {
+    const float tile_max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1, mods);
     const float m = tile_max > running_max ? tile_max : running_max;
     running_max = m;
     if (m == softmax_detail::kNegInf) {

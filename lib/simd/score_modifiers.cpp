@@ -4,8 +4,8 @@
 
 namespace mha::simd {
 
-void modify_scores(float* x, std::size_t n, float softcap, float slope, float distance0) noexcept {
-    dispatch(active_isa(), score_modifiers_kernel{}, x, n, softcap, slope, distance0);
+void modify_scores(float* x, std::size_t n, ScoreRowModifiers mods) noexcept {
+    dispatch(active_isa(), score_modifiers_kernel{}, x, n, mods);
 }
 
 }  // namespace mha::simd

@@ -39,19 +39,21 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c);
 
 // Same contract as reference::softmax_row.
-// Masks: additive floats or bytes (mask_row.hpp), each holding n_valid entries, or none.
-void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1) noexcept;
+// Masks: additive floats or bytes (mask_row.hpp), each holding n_valid entries, or none. mods: the score
+// modifiers applied to scale·x_j before the masks (ScoreRowModifiers; default none).
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
+                 ScoreRowModifiers mods = {}) noexcept;
 
-// One key tile of the online softmax (fused attention): on x[0, n), z_j = scale·x_j + mask0_j + mask1_j
-// for j < n_valid (masks may be null); running_max becomes max(running_max, max_j z_j); then
+// One key tile of the online softmax (fused attention): on x[0, n), z_j = mods(scale·x_j) + mask0_j + mask1_j
+// for j < n_valid (masks may be null, mods none); running_max becomes max(running_max, max_j z_j); then
 // x_j = exp(z_j − running_max) for j < n_valid and 0 for j >= n_valid (every x_j = 0 while running_max
 // is still -inf; the sum is then NaN if a z_j was NaN, else 0). Returns Σ_j x_j. The caller rescales its earlier sums by exp(old_max − running_max).
 float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
-                          float& running_max) noexcept;
+                          float& running_max, ScoreRowModifiers mods = {}) noexcept;
 
-// The score modifiers (score_modifiers_impl.hpp) on x[0, n): softcap (> 0, or 0: off), ALiBi slope (0: off)
-// with key j at distance distance0 − j from its query.
-void modify_scores(float* x, std::size_t n, float softcap, float slope, float distance0) noexcept;
+// The score modifiers alone on x[0, n) (what the softmax kernels apply before the masks; for tests and any path
+// that needs modified scores without a softmax).
+void modify_scores(float* x, std::size_t n, ScoreRowModifiers mods) noexcept;
 
 // Same contract as reference::layernorm_row.
 void layernorm_row(float* y, const float* x, const float* residual, std::size_t n, const float* gamma,

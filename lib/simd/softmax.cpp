@@ -5,9 +5,9 @@
 
 namespace mha::simd {
 
-void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
-                 MaskRow mask1) noexcept {
-    dispatch(active_isa(), softmax_kernel{}, x, n, n_valid, scale, mask0, mask1);
+void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
+                 ScoreRowModifiers mods) noexcept {
+    dispatch(active_isa(), softmax_kernel{}, x, n, n_valid, scale, mask0, mask1, mods);
 }
 
 }  // namespace mha::simd

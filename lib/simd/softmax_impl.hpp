@@ -1,6 +1,6 @@
 // Row softmax on one ISA: the definition of softmax_kernel::operator(), included only by the
 // generated softmax_<isa>.cpp TUs. In place on x[0, n):
-//   z_j = scale·x_j (+ mask0_j) (+ mask1_j) for j < n_valid,
+//   z_j = modifiers(scale·x_j) (+ mask0_j) (+ mask1_j) for j < n_valid (modifiers: ScoreRowModifiers),
 //   x_j = exp(z_j − max z) / Σ exp(z − max z) for j < n_valid, x_j = 0 for n_valid <= j < n;
 //   a row whose z are all -inf (or n_valid == 0) becomes 0 (if the others are NaN: NaN). NaN in z makes the row's valid entries NaN,
 //   as in the reference (the max skips NaN, the sum does not).
@@ -24,7 +24,7 @@ namespace mha::simd {
 
 template <class Arch>
 void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0,
-                                MaskRow mask1) const noexcept {
+                                MaskRow mask1, ScoreRowModifiers mods) const noexcept {
     using B = softmax_detail::batch<Arch>;
     using row_detail::load_head;
     using row_detail::store_head;
@@ -33,7 +33,7 @@ void softmax_kernel::operator()(Arch arch, float* x, std::size_t n, std::size_t 
     const std::size_t tail = n_valid - body;
 
     // Pass 1: z (stored over x unless z = x) and its max.
-    const float max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1);
+    const float max = softmax_detail::scale_mask_max(arch, x, n_valid, scale, mask0, mask1, mods);
 
     if (max == softmax_detail::kNegInf) {
         // Every z is -inf or NaN (or n_valid == 0). Fully masked: the row is 0. But a NaN must not

@@ -111,12 +111,32 @@ batch<Arch> mask_at(Arch arch, const MaskRow& mask, std::size_t j, std::size_t k
     return bool_mask_additive(arch, buf);
 }
 
-// Pass 1 over x[0, n_valid): z_j = scale·x_j (+ mask0_j) (+ mask1_j), stored over x (not when scale is 1
-// and both masks are absent: then z = x and the row is only read); returns max z (-inf if none). The max
+// The score modifiers (ScoreRowModifiers) on z, the entries j .. j + W − 1 of a row: the one definition every
+// path uses (softmax passes and simd::modify_scores), so an entry's bits do not depend on where it sits. Softcap:
+// c·tanh(z·(1/c)), the tanh xsimd's (within 2 ulp: tests/test_score_modifiers.cpp); ALiBi's product is one fma, its distances t0 + j +
+// lane exact (integers below 2^24). Inlined: the loop invariants stay in registers.
+template <class Arch>
+struct ScoreModifierVectors {
+    using B = batch<Arch>;
+    bool cap, alibi;
+    B c, inv_c, slope, t_first;  // softcap, 1 / softcap (a product, not a division per score), slope, t0 + lane
+    explicit ScoreModifierVectors(const ScoreRowModifiers& m) noexcept
+        : cap(m.softcap > 0.0f), alibi(m.slope != 0.0f), c(m.softcap), inv_c(cap ? 1.0f / m.softcap : 0.0f), slope(m.slope),
+          t_first(B(m.t0) + B::load_aligned(lane_index)) {}
+    inline __attribute__((always_inline)) B operator()(B z, std::size_t j) const noexcept {
+        if (cap) z = c * xsimd::tanh(z * inv_c);
+        if (alibi) z = xsimd::fma(slope, t_first + B(static_cast<float>(j)), z);
+        return z;
+    }
+};
+
+// Pass 1 over x[0, n_valid): z_j = modifiers(scale·x_j) (+ mask0_j) (+ mask1_j), stored over x (not when scale
+// is 1 and the masks and modifiers are absent: then z = x and the row is only read); returns max z (-inf if none). The max
 // is maxps with z first, which returns its second operand when either is NaN: a NaN z is skipped, like
 // the reference's `if (z > max) max = z`. Two chains hide the max latency.
 template <class Arch>
-float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1) noexcept {
+float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
+                     const ScoreRowModifiers& mods = {}) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size;
     
@@ -124,7 +144,9 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     // Fields read directly, not through MaskRow's inline members (nothing inline is shared with baseline code).
     const bool has0 = mask0.values != nullptr || mask0.bools != nullptr;
     const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
-    const bool z_is_x = scale == 1.0f && !has0 && !has1;
+    const bool modified = mods.softcap > 0.0f || mods.slope != 0.0f;
+    const ScoreModifierVectors<Arch> modify(mods);
+    const bool z_is_x = scale == 1.0f && !has0 && !has1 && !modified;
     const B vscale(scale);
     // A masked entry (-inf in either mask) is -inf whatever the score: a masked key's score never
     // matters, so a NaN there does not poison the row (as when the fused path skips a padded tile).
@@ -137,7 +159,9 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     auto z_at = [&](std::size_t j) noexcept {
         B z = B::load_unaligned(x + j);
         if (z_is_x) return z;
-        z = apply_masks(z * vscale, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
+        z = z * vscale;
+        if (modified) z = modify(z, j);
+        z = apply_masks(z, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
         z.store_unaligned(x + j);
         return z;
     };
@@ -149,8 +173,9 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     }
     for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
-        B z = apply_masks(vscale * row_detail::load_head(arch, x + body, tail, 0.0f),
-                          has0 ? mask_at(arch, mask0, body, tail) : B(0.0f), has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
+        B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
+        if (modified) z = modify(z, body);
+        z = apply_masks(z, has0 ? mask_at(arch, mask0, body, tail) : B(0.0f), has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
         const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));
