@@ -5,7 +5,8 @@
 #             window 4096
 #   overhead  sdpa L 4096 causal: plain, --softcap 30, --sinks, --alibi, all four
 #   ggml      bench/anchors/ggml_attn_modifiers (flash_attn_ext with a causal mask) on the prefill shape with the
-#             window and softcap / ALiBi / sinks, against ours with the same flags
+#             window and softcap / ALiBi / sinks, against ours with the same flags (first round only: ggml takes
+#             tens of seconds per call)
 # plus fma_peak and read_bw. Usage: tools/modifier_figures.sh [BUILD_DIR] [ANCHOR_DIR] [ROUNDS]
 set -e
 A=${2:-/tmp/mha-anchors}; M=${1:-build}/tools/mha; R=${3:-3}
@@ -37,7 +38,8 @@ for t in ${THREADS:-1 2}; do
       [ "$m" = plain ] && m=""
       r[ovh_$k]+="$($M bench --op sdpa $core --seq 4096 --causal $m --threads $t --reps 3 --json | f ms_median) "
     done
-    for m in "30 0 0:--softcap 30" "0 1 0:--alibi" "0 0 1:--sinks"; do
+    for m in "30 0 0:--softcap 30" "0 1 0:--alibi" "0 0 1:--sinks"; do  # ggml (seconds per call): the first round only
+      [ $i = 1 ] || continue
       args=${m%%:*}; flags=${m#*:}; k=$(echo "$flags" | tr -d ' -')
       r[ggml_$k]+="$($G 16384 16384 32 8 128 $t 1 4095 $args | ms) "
       r[ours_$k]+="$($M bench --op sdpa $core --seq 16384 --causal --window-left 4095 $flags --threads $t --reps 2 --json | f ms_median) "

@@ -16,11 +16,11 @@ void score_modifiers_kernel::operator()(Arch, float* x, std::size_t n, ScoreRowM
     if (!mods.any()) return;
     const softmax_detail::ScoreModifierVectors<Arch> modify(mods);
     std::size_t j = 0;
-    for (; j + W <= n; j += W) modify(B::load_unaligned(x + j), j).store_unaligned(x + j);
+    for (; j + W <= n; j += W) modify(B::load_unaligned(x + j), modify.distances(j)).store_unaligned(x + j);
     if (j < n) {
         alignas(64) float buf[W] = {};
         for (std::size_t l = 0; l < n - j; ++l) buf[l] = x[j + l];
-        modify(B::load_aligned(buf), j).store_aligned(buf);
+        modify(B::load_aligned(buf), modify.distances(j)).store_aligned(buf);
         for (std::size_t l = 0; l < n - j; ++l) x[j + l] = buf[l];
     }
 }

@@ -123,9 +123,11 @@ struct ScoreModifierVectors {
     explicit ScoreModifierVectors(const ScoreRowModifiers& m) noexcept
         : cap(m.softcap > 0.0f), alibi(m.slope != 0.0f), c(m.softcap), inv_c(cap ? 1.0f / m.softcap : 0.0f), slope(m.slope),
           t_first(B(m.t0) + B::load_aligned(lane_index)) {}
-    inline __attribute__((always_inline)) B operator()(B z, std::size_t j) const noexcept {
+    // The distances of entries j .. j + W − 1: t_first + j (callers walking a row add W to it per vector).
+    B distances(std::size_t j) const noexcept { return t_first + B(static_cast<float>(j)); }
+    inline __attribute__((always_inline)) B operator()(B z, const B& t) const noexcept {
         if (cap) z = c * xsimd::tanh(z * inv_c);
-        if (alibi) z = xsimd::fma(slope, t_first + B(static_cast<float>(j)), z);
+        if (alibi) z = xsimd::fma(slope, t, z);
         return z;
     }
 };
@@ -146,6 +148,8 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
     const bool modified = mods.softcap > 0.0f || mods.slope != 0.0f;
     const ScoreModifierVectors<Arch> modify(mods);
+    B t = modify.t_first;  // the distances of the next vector z_at reads (z_at walks the row in order)
+    const B step(static_cast<float>(W));
     const bool z_is_x = scale == 1.0f && !has0 && !has1 && !modified;
     const B vscale(scale);
     // A masked entry (-inf in either mask) is -inf whatever the score: a masked key's score never
@@ -160,7 +164,10 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
         B z = B::load_unaligned(x + j);
         if (z_is_x) return z;
         z = z * vscale;
-        if (modified) z = modify(z, j);
+        if (modified) {
+            z = modify(z, t);
+            if (modify.alibi) t += step;
+        }
         z = apply_masks(z, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
         z.store_unaligned(x + j);
         return z;
@@ -174,7 +181,7 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
     for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
         B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
-        if (modified) z = modify(z, body);
+        if (modified) z = modify(z, modify.distances(body));
         z = apply_masks(z, has0 ? mask_at(arch, mask0, body, tail) : B(0.0f), has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
