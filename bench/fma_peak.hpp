@@ -2,11 +2,16 @@
 // report "% of peak" against a number taken on the machine they run on, not a datasheet.
 //   One thread, then one loop per hardware thread at once (all-core clocks can be lower); each rate is
 //   FLOPs ÷ the thread's own CPU time, best of several repetitions.
-//   AVX-512 when the CPU and OS support it (__builtin_cpu_supports), else AVX2+FMA, else none (0).
-// The ISA code sits in functions with target attributes, so the binary itself stays baseline x86-64.
-// Takes about 0.4 s. Preconditions: x86-64, g++ or clang++ (GNU attributes and builtins).
+//   x86-64: AVX-512 when the CPU and OS support it (__builtin_cpu_supports), else AVX2+FMA, else none (0);
+//   the ISA code sits in functions with target attributes, so the binary itself stays baseline x86-64.
+//   AArch64: NEON fmla (baseline). Other targets: none.
+// Takes about 0.4 s. Preconditions: g++ or clang++ (GNU attributes and builtins).
 #pragma once
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -19,7 +24,7 @@
 namespace mha_bench {
 
 struct FmaPeak {
-    std::string isa;               // "avx512", "avx2" or "none"
+    std::string isa;               // "avx512", "avx2", "neon" or "none"
     unsigned threads = 1;          // hardware threads used for the all-thread figure
     double gflops_1 = 0;           // one thread
     double gflops_all = 0;         // all `threads` threads together
@@ -33,6 +38,7 @@ struct FmaPeak {
 
 namespace fma_detail {
 
+#if defined(__x86_64__) || defined(__i386__)
 // 12 independent accumulators: FMA latency (4 cycles) × 2 FMA pipes needs at least 8 in flight.
 // x ← x·m + a with m slightly below 1 stays finite and normal forever. 12 FMAs × 16 lanes × 2 FLOP.
 __attribute__((target("avx512f"))) inline float loop_avx512(std::uint64_t iters) {
@@ -84,6 +90,23 @@ __attribute__((target("avx2,fma"))) inline float loop_avx2(std::uint64_t iters) 
     return sum;
 }
 inline constexpr double kFlopsPerIterAvx2 = 12 * 8 * 2;
+#elif defined(__aarch64__)
+// 16 independent accumulators: 4 FMA pipes (Neoverse V1/V2) × 4 cycles of latency. 16 × 4 lanes × 2 FLOP.
+inline float loop_neon(std::uint64_t iters) {
+    const float32x4_t m = vdupq_n_f32(0.999999f), a = vdupq_n_f32(1e-6f);
+    float32x4_t x[16];
+    for (int i = 0; i < 16; ++i) x[i] = vdupq_n_f32(1.0f + 0.01f * float(i));
+    for (std::uint64_t i = 0; i < iters; ++i) {
+        for (int j = 0; j < 16; ++j) x[j] = vfmaq_f32(a, x[j], m);
+        asm volatile("" : "+w"(x[0]), "+w"(x[1]), "+w"(x[2]), "+w"(x[3]), "+w"(x[4]), "+w"(x[5]), "+w"(x[6]), "+w"(x[7]));
+        asm volatile("" : "+w"(x[8]), "+w"(x[9]), "+w"(x[10]), "+w"(x[11]), "+w"(x[12]), "+w"(x[13]), "+w"(x[14]), "+w"(x[15]));
+    }
+    float32x4_t s = x[0];
+    for (int j = 1; j < 16; ++j) s = vaddq_f32(s, x[j]);
+    return vaddvq_f32(s);
+}
+inline constexpr double kFlopsPerIterNeon = 16 * 4 * 2;
+#endif
 
 // CPU time of the calling thread: what other processes take from the core is not counted, so a
 // busy machine (other builds running) lowers the measured peak much less than wall time would.
@@ -155,11 +178,15 @@ FmaPeak measure_with(Loop loop, double flops_per_iter, const char* isa, double s
 
 // 16 repetitions of seconds_per_rep (8 on one thread, 8 on all; best of each), plus calibration.
 inline FmaPeak measure_fma_peak(double seconds_per_rep = 0.025) {
+#if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f"))
         return fma_detail::measure_with(fma_detail::loop_avx512, fma_detail::kFlopsPerIterAvx512, "avx512", seconds_per_rep);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return fma_detail::measure_with(fma_detail::loop_avx2, fma_detail::kFlopsPerIterAvx2, "avx2", seconds_per_rep);
+#elif defined(__aarch64__)
+    return fma_detail::measure_with(fma_detail::loop_neon, fma_detail::kFlopsPerIterNeon, "neon", seconds_per_rep);
+#endif
     FmaPeak none;
     none.isa = "none";
     return none;

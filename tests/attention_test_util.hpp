@@ -406,7 +406,11 @@ inline bool window_hides(const mha::ScoreModifiers& m, long long pos, std::size_
 }
 // The SIMD softcap's tanh (xsimd's) against the exact tanh, in ulp of the result (tests/test_score_modifiers.cpp
 // measures it on every ISA).
+#if defined(__aarch64__)
+constexpr double kTanhUlp = 2.5;  // measured 2.13 (NEON, under qemu)
+#else
 constexpr double kTanhUlp = 2.0;  // measured 1.83 (SSE2, AVX2, AVX-512)
+#endif
 
 inline CoreExpected core_double(const HeadsD& q, const HeadsD& k, const HeadsD& v, const CoreSpec& s) {
     const std::size_t B = q.B, H = q.H, Hkv = k.H, G = H / Hkv, Lq = q.L, Lk = k.L, d = q.d;

@@ -6,7 +6,8 @@
 # Included from tests/CMakeLists.txt. Not in sanitized builds (MHA_SANITIZE): what ships is the plain
 # build, and the instrumented one adds nothing to check. Needs python3 and objdump (binutils).
 
-if(NOT MHA_SANITIZE)
+# x86 only, and not in a cross build (its binaries are another target's).
+if(NOT MHA_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   find_package(Python3 COMPONENTS Interpreter)
   # GNU objdump whatever the compiler (the script parses its output format), c++filt for the names.
   find_program(MHA_OBJDUMP objdump)

@@ -19,7 +19,7 @@ inline std::vector<mha::Isa> cpu_isas(bool with_bf16 = false) {
     std::vector<mha::Isa> isas;
     for (mha::Isa isa : mha::simd::kSimdIsas)
         if (isa <= mha::detected_isa()) isas.push_back(isa);
-    if (with_bf16 && mha::detected_isa() >= mha::Isa::avx512_bf16) isas.push_back(mha::Isa::avx512_bf16);
+    if (with_bf16 && mha::has_bf16_kernels(mha::detected_isa())) isas.push_back(mha::Isa::avx512_bf16);
     return isas;
 }
 

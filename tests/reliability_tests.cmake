@@ -70,7 +70,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 endif()
 
 # --- project mode: register the tests ---
-if(MHA_BUILD_TOOLS AND TARGET mha_cli AND NOT MHA_SANITIZE)
+if(MHA_BUILD_TOOLS AND TARGET mha_cli AND NOT MHA_SANITIZE AND NOT CMAKE_CROSSCOMPILING)
   find_program(MHA_VALGRIND valgrind)
   if(MHA_VALGRIND)
     # name | fixture case | ISA cap ("" = what the CPU, as valgrind emulates it, offers) | extra flags

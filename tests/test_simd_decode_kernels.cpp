@@ -70,7 +70,9 @@ std::size_t lanes(Isa isa) {
         case Isa::avx512_bf16:
         case Isa::avx512: return 16;
         case Isa::avx2: return 8;
-        case Isa::sse2: break;
+        case Isa::sse2:
+        case Isa::neon:
+        case Isa::neon_bf16: break;
     }
     return 4;
 }

@@ -59,14 +59,9 @@ Tile tile_of() {
     using B = mha::simd::GemmBlocking<Arch>;
     return {B::MR, B::NR, B::KC, B::NC};
 }
+// The tile of the kernels isa runs (the library's own dispatch picks the Arch).
 Tile tile_for(Isa isa) {
-    switch (isa) {
-        case Isa::avx512_bf16:
-        case Isa::avx512: return tile_of<mha::simd::arch_avx512>();
-        case Isa::avx2: return tile_of<mha::simd::arch_avx2>();
-        case Isa::sse2: break;
-    }
-    return tile_of<mha::simd::arch_sse2>();
+    return mha::simd::dispatch(isa, [](auto arch) { return tile_of<decltype(arch)>(); });
 }
 
 // A row-major matrix with an odd row stride whose padding floats hold the sentinel NaN, plus

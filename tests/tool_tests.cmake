@@ -6,7 +6,8 @@ add_executable(mha_tool_tests ${mha_tool_test_sources})
 target_link_libraries(mha_tool_tests PRIVATE mha::mha mha_npy nlohmann_json::nlohmann_json GTest::gtest_main)
 target_compile_options(mha_tool_tests PRIVATE -Wall -Wextra)
 target_compile_definitions(mha_tool_tests PRIVATE MHA_TOOL_PATH="$<TARGET_FILE:mha_cli>"
-                                                  MHA_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+                                                  MHA_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+                                                  MHA_TEST_EMULATOR="${mha_test_emulator}")
 add_dependencies(mha_tool_tests mha_cli)
 gtest_discover_tests(mha_tool_tests DISCOVERY_TIMEOUT 120)
 

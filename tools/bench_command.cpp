@@ -35,8 +35,8 @@
 // attention, sdpa and decode report "path": the path the call takes (MultiheadAttention::path, sdpa_path:
 // scalar, materialized, grouped or decode).
 // --dtype f32|bf16 (attention, decode, gemm) is the compute type (AttentionConfig::compute); JSON "dtype". "isa" names
-// the kernels that ran: for f32 the active ISA capped at avx512 (avx512_bf16 runs the same fp32 kernels), for bf16
-// the active ISA (avx512_bf16: the vdpbf16ps kernels; below it bf16 is widened to the fp32 kernels).
+// the kernels that ran: the active ISA's fp32 level (avx512_bf16 runs avx512's, neon_bf16 neon's), except bf16 on a
+// level with bf16 kernels (avx512_bf16: vdpbf16ps); elsewhere bf16 is widened to the fp32 kernels.
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -230,7 +230,7 @@ void bench_command(const BenchOptions& opt) {
     nlohmann::ordered_json j;
     j["op"] = op_name(opt.op);
     j["backend"] = opt.backend == Backend::scalar ? "scalar" : "simd";
-    const Isa kernels = opt.dtype == DataType::bf16 ? active_isa() : std::min(active_isa(), Isa::avx512);
+    const Isa kernels = opt.dtype == DataType::bf16 && has_bf16_kernels(active_isa()) ? active_isa() : fp32_kernel_isa(active_isa());
     j["isa"] = opt.backend == Backend::scalar ? std::string("scalar") : std::string(isa_name(kernels));
     j["dtype"] = std::string(data_type_name(opt.dtype));
     j["threads"] = threads;

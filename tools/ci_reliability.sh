@@ -4,13 +4,15 @@
 #   2. fuzz      clang++ libFuzzer targets (fuzz/), ASan + UBSan; each runs MHA_FUZZ_SECONDS from the
 #                committed seed corpus (new inputs go to a scratch folder, never into fuzz/corpus)
 #   3. valgrind  memcheck on the real `mha run` over PyTorch fixtures (ctest -L valgrind), and the ISA
-#                leak check of the linked binaries (ctest -L isa, tools/check_isa_leak.py), on a plain
-#                g++ build and on a clang++ Release build: the two compilers inline and link the per-ISA
-#                TUs differently, and valgrind's CPU has no AVX-512, so an AVX-512 leak is a SIGILL there.
+#                leak check of the linked binaries (ctest -L isa, tools/check_isa_leak.py), on a clang++
+#                Release build (the main suite runs both labels on its g++ Release build): the two
+#                compilers inline and link the per-ISA TUs differently, and valgrind's CPU has no AVX-512,
+#                so an AVX-512 leak is a SIGILL there.
+#   4. arm64     the aarch64 cross build and its tests under qemu-aarch64-static (tools/arm64_emulated.sh).
 # Installs what is missing with apt-get. Prints one summary line per step; exits nonzero if any failed.
 # Environment: MHA_FUZZ_SECONDS (default 20), MHA_RELIABILITY_JOBS (default nproc),
-#              MHA_RELIABILITY_BUILD (folder prefix, default build-: build-asan, build-fuzz, build-rel,
-#              build-clang).
+#              MHA_RELIABILITY_BUILD (folder prefix, default build-: build-asan, build-fuzz, build-clang,
+#              build-arm64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,8 +92,9 @@ if [ -x "${prefix}fuzz/fuzz/fuzz_npy" ]; then
   step "fuzz_sdpa ${fuzz_seconds}s" fuzz_run fuzz_sdpa fuzz/corpus/sdpa -max_len=256
   step "fuzz_paged_step ${fuzz_seconds}s" fuzz_run fuzz_paged_step fuzz/corpus/paged_step -max_len=256
 fi
-step "valgrind on mha run + isa leak (g++)" valgrind_check rel g++ RelWithDebInfo
 step "valgrind on mha run + isa leak (clang++)" valgrind_check clang clang++ Release
+step "aarch64 cross build + tests under qemu" env MHA_ARM64_BUILD="${prefix}arm64" MHA_ARM64_JOBS="$jobs" \
+  bash tools/arm64_emulated.sh
 
 echo
 echo "======== reliability summary ($(($(date +%s) - start))s total)"

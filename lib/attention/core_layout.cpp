@@ -70,7 +70,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         row_stats = scratch_mul(2, m);
         if (s.widen_rows) widen = scratch_mul(2 * kGroupedPackBlock, s.d);
         // bf16 panels take at most half the floats of the fp32 ones sized above; the A pack buffer is per thread.
-        if (s.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
+        if (s.compute == DataType::bf16 && has_bf16_kernels(detected_isa())) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
     } else {
         // per_head writes the probabilities straight into attn_weights.
         scores = need_weights == NeedWeights::per_head ? 0 : scratch_mul(kQueryBlock, s.Lk);
@@ -83,7 +83,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
             l.gemm.b_floats = std::max({l.gemm.b_floats, qk.b_floats, pv.b_floats});
         }
         // bf16: the block's K_hᵀ and V_h in bf16 panels, and the A pack buffer (uint16 elements / 2).
-        if (s.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16)
+        if (s.compute == DataType::bf16 && has_bf16_kernels(detected_isa()))
             gemm16 = (simd::Bf16Panels::elements(s.Lk, simd::Bf16Panels::min_panel_stride(s.d)) +
                       simd::Bf16Panels::elements(s.d, simd::Bf16Panels::min_panel_stride(s.Lk)) +
                       simd::gemm_bf16_scratch(kQueryBlock, std::max(s.d, s.Lk))) / 2 + 64;

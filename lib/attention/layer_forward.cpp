@@ -76,7 +76,7 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
     const bool contiguous = in.query.row_stride == in.query.cols && in.query.batch_stride == Lq * in.query.cols;
     if (few_tokens(call) && !contiguous) l.tokens = c.take(scratch_mul(scratch_mul(B, Lq), st.E));
     const std::size_t qw = st.q_width(), kvw = st.kv_width();
-    if (few_tokens(call) && st.compute == DataType::bf16 && detected_isa() >= Isa::avx512_bf16)
+    if (few_tokens(call) && st.compute == DataType::bf16 && has_bf16_kernels(detected_isa()))
         l.tokens16 = c.take(simd::gemm_bf16_packed_a_elements(scratch_mul(B, Lq), std::max(st.E, qw)) / 2 + 1);
     if (call.self_attention) {
         l.projections = c.take(scratch_mul(scratch_mul(B, Lq), qw + 2 * kvw));

@@ -154,7 +154,7 @@ constexpr std::size_t row_storage_bytes(std::size_t d) noexcept {
 // part(row, c, r) those of [c, c + r) and zeros in the other lanes (0 < r < W; nothing past them read).
 // d: the row's elements (int8: where its scales start); scale: the tensor's scale (fp8). Here: one element
 // at a time (SSE2 and other ISAs); float with plain and masked loads, and the 16-bit and 8-bit types with
-// conversion instructions in specializations that exist only in the AVX2 and AVX-512 TUs.
+// conversion instructions in specializations that exist only in the AVX2, AVX-512 and NEON TUs.
 // row(p) makes what full / part read a row through (the row's start; for int8 on AVX2 / AVX-512 also its block
 // scales, widened once per row).
 template <class Arch, class T, class = void>
@@ -187,7 +187,7 @@ struct RowReader<Arch, float> {
     MHA_GEMM_INLINE B part(const float* row, std::size_t c, std::size_t r) const noexcept { return Part<Arch>(r).load(row + c); }
 };
 
-// Archs whose TU defines the conversions below (the AVX2 and AVX-512 TUs): 16-bit and 8-bit elements widened
+// Archs whose TU defines the conversions below (the AVX2, AVX-512 and NEON TUs): 16-bit and 8-bit elements widened
 // with conversion instructions.
 template <class Arch>
 inline constexpr bool kWidensInRegisters = false;
@@ -277,6 +277,57 @@ inline MHA_GEMM_INLINE __m512 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
 }
 template <>
 inline constexpr bool kWidensInRegisters<arch_avx512> = true;
+#endif
+
+#if MHA_SIMD_ARM
+// NEON (4 lanes): 4 elements of 16 bits (a 64-bit load) or 8 bits (a 32-bit load), whole or copied into a
+// zeroed buffer. bf16: shift left by 16 (ushll); f16: fcvtl; fp8 through float16 bits as on x86.
+inline MHA_GEMM_INLINE uint16x4_t load_16bit(arch_neon, const void* p) noexcept {
+    return vld1_u16(static_cast<const std::uint16_t*>(p));
+}
+inline MHA_GEMM_INLINE uint16x4_t load_16bit(arch_neon, const void* p, std::size_t r) noexcept {
+    alignas(8) std::uint16_t t[4] = {};
+    std::memcpy(t, p, r * 2);
+    return vld1_u16(t);
+}
+inline MHA_GEMM_INLINE float32x4_t to_float(bfloat16, uint16x4_t h) noexcept { return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); }
+inline MHA_GEMM_INLINE float32x4_t to_float(float16, uint16x4_t h) noexcept { return vcvt_f32_f16(vreinterpret_f16_u16(h)); }
+inline MHA_GEMM_INLINE uint8x8_t load_8bit(arch_neon, const void* p) noexcept {
+    std::uint32_t w;
+    std::memcpy(&w, p, 4);
+    return vreinterpret_u8_u32(vdup_n_u32(w));
+}
+inline MHA_GEMM_INLINE uint8x8_t load_8bit(arch_neon, const void* p, std::size_t r) noexcept {
+    std::uint32_t w = 0;
+    std::memcpy(&w, p, r);
+    return vreinterpret_u8_u32(vdup_n_u32(w));
+}
+inline MHA_GEMM_INLINE float32x4_t int8_to_float(uint8x8_t b) noexcept {
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b)))));
+}
+inline MHA_GEMM_INLINE float half_to_float(arch_neon, std::uint16_t h) noexcept {
+    return vgetq_lane_f32(to_float(float16{}, vdup_n_u16(h)), 0);
+}
+inline MHA_GEMM_INLINE float32x4_t block_scales(arch_neon, const void* p, std::size_t n) noexcept {
+    return to_float(float16{}, n == 4 ? load_16bit(arch_neon{}, p) : load_16bit(arch_neon{}, p, n));
+}
+inline MHA_GEMM_INLINE float32x4_t pick_lane(arch_neon, float32x4_t v, std::size_t b) noexcept {
+    alignas(16) float t[4];
+    vst1q_f32(t, v);
+    return vdupq_n_f32(t[b]);
+}
+inline MHA_GEMM_INLINE float32x4_t fp8_to_float(fp8_e5m2, uint8x8_t b) noexcept {
+    return to_float(float16{}, vget_low_u16(vshll_n_u8(b, 8)));
+}
+inline MHA_GEMM_INLINE float32x4_t fp8_to_float(fp8_e4m3, uint8x8_t b) noexcept {
+    const uint16x4_t w = vget_low_u16(vmovl_u8(b)), low = vand_u16(w, vdup_n_u16(0x7f));
+    const uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(w, vdup_n_u16(0x80)), 8), vshl_n_u16(low, 7));
+    const float32x4_t v = to_float(float16{}, h);  // the value / 256
+    const uint32x4_t nan = vmovl_u16(vceq_u16(low, vdup_n_u16(0x7f)));
+    return vbslq_f32(nan, vdupq_n_f32(std::numeric_limits<float>::quiet_NaN()), v);
+}
+template <>
+inline constexpr bool kWidensInRegisters<arch_neon> = true;
 #endif
 
 // 16-bit elements (bf16: zero-extend and shift by 16; f16: vcvtph2ps).
@@ -389,6 +440,11 @@ inline MHA_GEMM_INLINE batch<Arch> block_sums4(const batch<Arch>& v0, const batc
         const B t23 = B(_mm_unpacklo_ps(v2, v3)) + B(_mm_unpackhi_ps(v2, v3));
         return B(_mm_shuffle_ps(t01, t23, 0x44)) + B(_mm_shuffle_ps(t01, t23, 0xEE));
     }
+#elif MHA_SIMD_ARM
+    // zip1 / zip2 are unpacklo / unpackhi; the 64-bit halves recombined are the 0x44 / 0xEE shuffles.
+    const float32x4_t t01 = vaddq_f32(vzip1q_f32(v0, v1), vzip2q_f32(v0, v1));
+    const float32x4_t t23 = vaddq_f32(vzip1q_f32(v2, v3), vzip2q_f32(v2, v3));
+    return B(vaddq_f32(vcombine_f32(vget_low_f32(t01), vget_low_f32(t23)), vcombine_f32(vget_high_f32(t01), vget_high_f32(t23))));
 #else
     // A generic 4-lane arch (not x86): the same sums through memory.
     static_assert(B::size == 4, "the decode kernels' generic path has 4 lanes");

@@ -10,7 +10,7 @@
 
 namespace mha::simd {
 
-bool bf16_kernels_available() noexcept { return active_isa() >= Isa::avx512_bf16; }
+bool bf16_kernels_available() noexcept { return has_bf16_kernels(active_isa()); }
 
 void pack_panels_bf16(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
     assert(bf16_kernels_available() && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 && panel_stride % 32 == 0);

@@ -38,7 +38,7 @@ struct Bf16Panels {
     }
 };
 
-// True when the bf16 kernels may run (active_isa() >= Isa::avx512_bf16).
+// True when the bf16 kernels may run (has_bf16_kernels(active_isa())).
 bool bf16_kernels_available() noexcept;
 
 // Packs op(B) [K, N] (fp32, rounded to bf16) into the panels at dst (64-byte aligned; panel_stride >=

@@ -53,8 +53,20 @@ struct GemmBlocking<arch_sse2> {
     static constexpr std::size_t KC = 768, NC = 512;
 };
 
-#if !MHA_SIMD_X86
-// A generic arch (the target's baseline, e.g. NEON's 32 registers of 4 floats): as SSE2, untuned.
+#if MHA_SIMD_ARM
+// NEON (32 q registers of 4 floats): 12×8 = 24 accumulators + 2 B vectors + 3 A vectors (MR = 12 floats,
+// used by lane: fmla v.4s, v.4s, v.s[i]) = 29 registers. Per k step 24 FMAs against 2 + 3 = 5 loads of
+// 16 bytes (4.8 FMAs per load, 24 of 29 instructions FMAs). 24 independent accumulators cover 4 FMA pipes
+// × 4 cycles of latency (Neoverse V1/V2: 4 × 128-bit FMA per cycle, 3 loads per cycle). NR stays a
+// power of two (panels of K and V tile the 256-key blocks); untuned (no Arm machine here).
+// A micro-panel 12×768×4 B = 36 KB fits the 64 KB L1d of V1/V2.
+template <>
+struct GemmBlocking<arch_neon> {
+    static constexpr std::size_t W = 4, MR = 12, NV = 2, NR = NV * W;
+    static constexpr std::size_t KC = 768, NC = 512;
+};
+#elif !MHA_SIMD_X86
+// A generic arch (the target's baseline): as SSE2, untuned.
 template <>
 struct GemmBlocking<arch_generic> {
     static constexpr std::size_t W = xsimd::batch<float, arch_generic>::size, MR = 6, NV = 2, NR = NV * W;

@@ -15,6 +15,9 @@
 #include <xsimd/xsimd.hpp>
 
 #include "dispatch.hpp"
+#if MHA_SIMD_ARM
+#include <arm_neon.h>
+#endif
 
 namespace mha::simd {
 
@@ -53,6 +56,10 @@ inline MHA_GEMM_INLINE xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch>
         return _mm512_fmadd_ps(x, y, z);
     else if constexpr (std::is_same_v<Arch, arch_avx2>)
         return _mm256_fmadd_ps(x, y, z);
+#if MHA_SIMD_ARM
+    else if constexpr (std::is_same_v<Arch, arch_neon>)
+        return vfmaq_f32(z, x, y);  // -std=c++20 turns contraction off: fuse explicitly
+#endif
     else
         return x * y + z;
 }
@@ -116,6 +123,20 @@ void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const flo
     for (std::size_t p = 0; p < kc; ++p) {
         batch bv[NV];
         unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = batch::load_unaligned(b + v * W); });
+#if MHA_SIMD_ARM
+        if constexpr (std::is_same_v<Arch, arch_neon> && L == ALayout::col_panel && M % 4 == 0) {
+            // A's M floats as M/4 vectors, each used by lane (fmla by element): M/4 loads instead of M
+            // broadcasts. Same products and sums as the broadcast form, so the same bits.
+            unroll<M / 4>([&](auto g) MHA_GEMM_INLINE {
+                const float32x4_t a4 = vld1q_f32(a + 4 * g);
+                unroll<4>([&](auto lane) MHA_GEMM_INLINE {
+                    unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+                        acc[4 * g + lane][v] = vfmaq_laneq_f32(acc[4 * g + lane][v], bv[v], a4, lane);
+                    });
+                });
+            });
+        } else
+#endif
         unroll<M>([&](auto i) MHA_GEMM_INLINE {
             const batch ai(L == ALayout::col_panel ? a[i] : a[i * lda]);
             unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = gemm_detail::fmadd<Arch>(ai, bv[v], acc[i][v]); });

@@ -3,7 +3,7 @@
 // from the mha_simd_isa_flags_<suffix> table in CMakeLists.txt); dispatch() (dispatch.hpp) switches over
 // it; the tests (tests/isa_test_util.hpp) and lib/attention loop over kSimdIsas.
 // Isa::avx512_bf16 is not an entry: it runs the avx512 fp32 kernels, plus the bf16 GEMM TU
-// (gemm_bf16_avx512bf16.cpp). Arch-neutral: no xsimd or intrinsics header needed to include this one.
+// (gemm_bf16_avx512bf16.cpp); nor is Isa::neon_bf16, which runs the neon kernels. Arch-neutral: no xsimd or intrinsics header needed to include this one.
 #pragma once
 
 #include "mha/isa.hpp"
@@ -16,8 +16,15 @@
     X(sse2, xsimd::sse2, sse2)              \
     X(avx2, xsimd::fma3<xsimd::avx2>, avx2) \
     X(avx512, xsimd::avx512bw, avx512)
+#define MHA_SIMD_ARM 0
+#elif defined(__aarch64__)
+#define MHA_SIMD_X86 0
+#define MHA_SIMD_ARM 1
+// AArch64: Advanced SIMD is part of the baseline (Isa::neon_bf16 runs these kernels too).
+#define MHA_SIMD_ARCHS(X) X(neon, xsimd::neon64, neon)
 #else
 #define MHA_SIMD_X86 0
+#define MHA_SIMD_ARM 0
 // Elsewhere one level: the baseline (Isa::sse2 is the lowest level, whatever the target calls it).
 #define MHA_SIMD_ARCHS(X) X(sse2, xsimd::default_arch, generic)
 #endif

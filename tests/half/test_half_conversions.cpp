@@ -11,7 +11,11 @@
 //     NaN (stays NaN, quiet, sign kept), ±inf, overflow to inf.
 // Its own executable: the F16C functions would trip the ISA leak check of mha_tests (isa_leak_tests.cmake).
 #include <gtest/gtest.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <bit>
 #include <cmath>
@@ -26,6 +30,7 @@ namespace {
 using mha::bfloat16;
 using mha::float16;
 
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("f16c"))) std::uint16_t f16c_narrow(float x) {
     return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -35,7 +40,24 @@ __attribute__((target("f16c"))) void f16c_narrow8(const float* x, std::uint16_t*
 }
 
 // Isa::avx2 requires F16C (and the OS's AVX state), detected from cpuid by the library.
-bool has_f16c() { return mha::detected_isa() >= mha::Isa::avx2; }
+bool has_f16c() { return mha::detected_isa() == mha::Isa::avx2 || mha::detected_isa() == mha::Isa::avx512 ||
+                         mha::detected_isa() == mha::Isa::avx512_bf16; }
+#elif defined(__aarch64__)
+// AArch64: the same oracle from the FP unit's conversions (fcvt h, s / fcvtn v.4h, v.4s; FPCR's default
+// round to nearest even, NaN payload kept with the quiet bit set), baseline in Armv8. The names stay.
+std::uint16_t f16c_narrow(float x) { return std::bit_cast<std::uint16_t>(static_cast<__fp16>(x)); }
+float f16c_widen(std::uint16_t h) { return static_cast<float>(std::bit_cast<__fp16>(h)); }
+void f16c_narrow8(const float* x, std::uint16_t* h) {
+    vst1q_u16(h, vcombine_u16(vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x))),
+                              vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + 4)))));
+}
+bool has_f16c() { return true; }
+#else
+std::uint16_t f16c_narrow(float) { return 0; }
+float f16c_widen(std::uint16_t) { return 0; }
+void f16c_narrow8(const float*, std::uint16_t*) {}
+bool has_f16c() { return false; }
+#endif
 
 std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }

@@ -49,11 +49,17 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Scratch blocks of at least this size come from mmap, smaller ones from operator new (lib/core/scratch.cpp).
 constexpr std::size_t kMapBytes = kMiB;
 
+#ifndef MHA_OOM_EMULATED
+#define MHA_OOM_EMULATED 0  // 1 in a cross build, whose tests run under qemu (oom_tests.cmake)
+#endif
 #define MHA_OOM_SKIP_UNDER_ASAN()                                                                              \
     do {                                                                                                       \
         if (MHA_OOM_ASAN)                                                                                      \
             GTEST_SKIP() << "RLIMIT_AS does not work under AddressSanitizer (its shadow memory reserves "      \
                             "terabytes of address space, and a failed mmap aborts instead of throwing)";       \
+        if (MHA_OOM_EMULATED)                                                                                  \
+            GTEST_SKIP() << "RLIMIT_AS limits qemu's own address space (it reserves the guest's), not the "    \
+                            "emulated program's";                                                              \
     } while (0)
 
 // ---- the process's address space and heap -----------------------------------------------------------

@@ -482,8 +482,10 @@ protected:
         nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
         EXPECT_TRUE(j.is_object()) << r.out;
         if (!j.is_object()) return nlohmann::json::object();
-        // "isa": the kernels that ran: fp32 ones (the active ISA capped at avx512) unless "dtype" is bf16.
-        const mha::Isa ran = j.value("dtype", "") == "bf16" ? mha::active_isa() : std::min(mha::active_isa(), mha::Isa::avx512);
+        // "isa": the kernels that ran: the fp32 level (avx512 for avx512_bf16, neon for neon_bf16) unless "dtype"
+        // is bf16 on a level with bf16 kernels.
+        const mha::Isa active = mha::active_isa();
+        const mha::Isa ran = j.value("dtype", "") == "bf16" && mha::has_bf16_kernels(active) ? active : mha::fp32_kernel_isa(active);
         const std::string isa = std::string(mha::isa_name(ran));
         for (const char* field : {"op", "backend", "isa", "dtype", "threads", "reps", "ms_median", "ms_min"})
             EXPECT_TRUE(j.contains(field)) << field << " missing in " << r.out;

@@ -42,13 +42,16 @@ inline Result run_tool(const std::vector<std::string>& args, const fs::path& cap
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // A cross build's tool runs under the emulator its tests run under (CTest's CMAKE_CROSSCOMPILING_EMULATOR).
+    const std::string emulator = MHA_TEST_EMULATOR;
     std::vector<std::string> argv_strings{MHA_TOOL_PATH};
+    if (!emulator.empty()) argv_strings.insert(argv_strings.begin(), emulator);
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& s : argv_strings) argv.push_back(s.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
-    const int spawn_rc = posix_spawn(&pid, MHA_TOOL_PATH, &actions, nullptr, argv.data(), environ);
+    const int spawn_rc = posix_spawn(&pid, argv_strings.front().c_str(), &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     Result r;
     if (spawn_rc != 0) {

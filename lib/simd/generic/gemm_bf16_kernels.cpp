@@ -1,5 +1,6 @@
-// The bf16 GEMM's kernels elsewhere than x86 (x86's: lib/simd/gemm_bf16_avx512bf16.cpp): there are none.
-// bf16_kernels_available() is false here (no level above the baseline), so callers never reach these;
+// The bf16 GEMM's kernels elsewhere than x86 (x86's: lib/simd/gemm_bf16_avx512bf16.cpp): there are none yet
+// (AArch64 included: its neon_bf16 level runs the fp32 kernels on rounded values).
+// bf16_kernels_available() is false here (has_bf16_kernels is false for every level), so callers never reach these;
 // they exist so that programs link.
 #include <cstdlib>
 
