@@ -323,7 +323,7 @@ inline MHA_GEMM_INLINE float32x4_t fp8_to_float(fp8_e4m3, uint8x8_t b) noexcept 
     const uint16x4_t w = vget_low_u16(vmovl_u8(b)), low = vand_u16(w, vdup_n_u16(0x7f));
     const uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(w, vdup_n_u16(0x80)), 8), vshl_n_u16(low, 7));
     const float32x4_t v = to_float(float16{}, h);  // the value / 256
-    const uint32x4_t nan = vmovl_u16(vceq_u16(low, vdup_n_u16(0x7f)));
+    const uint32x4_t nan = vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(vceq_u16(low, vdup_n_u16(0x7f)))));  // all ones
     return vbslq_f32(nan, vdupq_n_f32(std::numeric_limits<float>::quiet_NaN()), v);
 }
 template <>
