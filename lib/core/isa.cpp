@@ -11,6 +11,7 @@ namespace mha {
 namespace {
 
 constexpr int kNoCap = -1;
+constexpr Isa kAllIsas[] = {Isa::sse2, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::neon, Isa::neon_bf16};
 
 bool is_arm(Isa isa) noexcept { return isa == Isa::neon || isa == Isa::neon_bf16; }
 // The rank of a level within its family (0 = the family's baseline).
@@ -19,7 +20,7 @@ int rank(Isa isa) noexcept { return is_arm(isa) ? static_cast<int>(isa) - static
 int initial_cap() noexcept {
     const char* env = std::getenv("MHA_ISA");
     if (env == nullptr) return kNoCap;
-    for (Isa isa : {Isa::sse2, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::neon, Isa::neon_bf16})
+    for (Isa isa : kAllIsas)
         if (isa_name(isa) == env) return static_cast<int>(isa);
     return kNoCap;  // unknown names cap nothing (the tools reject them with a message)
 }
@@ -44,7 +45,7 @@ std::string_view isa_name(Isa isa) noexcept {
 }
 
 Isa parse_isa(std::string_view name) {
-    for (Isa isa : {Isa::sse2, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::neon, Isa::neon_bf16})
+    for (Isa isa : kAllIsas)
         if (isa_name(isa) == name) return isa;
     throw invalid_argument("isa '" + std::string(name) + "' is not one of sse2, avx2, avx512, avx512_bf16, neon, neon_bf16");
 }

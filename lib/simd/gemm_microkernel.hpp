@@ -58,7 +58,7 @@ inline MHA_GEMM_INLINE xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch>
         return _mm256_fmadd_ps(x, y, z);
 #if MHA_SIMD_ARM
     else if constexpr (std::is_same_v<Arch, arch_neon>)
-        return vfmaq_f32(z, x, y);  // -std=c++20 turns contraction off: fuse explicitly
+        return vfmaq_f32(z, x, y);  // fused whatever -ffp-contract says
 #endif
     else
         return x * y + z;
