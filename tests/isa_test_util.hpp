@@ -1,5 +1,6 @@
 // The SIMD ISA levels a test runs on: those of lib/simd/isa_table.hpp (simd::kSimdIsas) that this CPU has,
-// optionally with Isa::avx512_bf16 (the bf16 GEMM kernels), each selected with mha::set_isa_cap.
+// optionally with the detected bf16 level (avx512_bf16 or neon_bf16: the bf16 GEMM kernels), each selected
+// with mha::set_isa_cap.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,12 +15,13 @@
 
 namespace mha_test {
 
-// The levels of simd::kSimdIsas this CPU has, lowest first, then Isa::avx512_bf16 if with_bf16 and the CPU has it.
+// The levels of simd::kSimdIsas this CPU has, lowest first, then the detected level if with_bf16 and it has
+// bf16 kernels (avx512_bf16, neon_bf16).
 inline std::vector<mha::Isa> cpu_isas(bool with_bf16 = false) {
     std::vector<mha::Isa> isas;
     for (mha::Isa isa : mha::simd::kSimdIsas)
         if (isa <= mha::detected_isa()) isas.push_back(isa);
-    if (with_bf16 && mha::has_bf16_kernels(mha::detected_isa())) isas.push_back(mha::Isa::avx512_bf16);
+    if (with_bf16 && mha::has_bf16_kernels(mha::detected_isa())) isas.push_back(mha::detected_isa());
     return isas;
 }
 

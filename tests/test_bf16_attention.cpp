@@ -4,7 +4,8 @@
 //   evaluation (λ·d); the fp32 reference must break the tight bound √2·λ·d on every case
 //   (the tight bound tells bf16 from fp32, so a SIMD path that ignored compute would fail);
 //   the SIMD backend with compute bf16 against the bf16 reference (√2·λ·d) and the oracle, on every
-//   ISA of this CPU (sse2, avx2, avx512 widen bf16 to the fp32 kernels; avx512_bf16 runs vdpbf16ps) and every
+//   ISA of this CPU (sse2, avx2, avx512, neon widen bf16 to the fp32 kernels; avx512_bf16 runs vdpbf16ps,
+//   neon_bf16 BFDOT) and every
 //   impl: BERT-like self-attention with post-norm, GQA + RoPE causal, cross-attention with kdim / vdim,
 //   masks, need_weights, KV cache decode steps, odd sizes and tails (E, d not multiples of 16, odd K, Lk 257).
 // Inputs and weights: uniform, like nn.Linear's init (±gain/√fan_in) and inputs in [-1, 1]; fixed seeds.

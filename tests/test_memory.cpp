@@ -79,7 +79,7 @@ TEST(Memory, WeightBytesIsOnePackedCopy) {
 }
 
 TEST(Memory, WeightBytesOfABf16Layer) {
-    // bf16 compute on AVX512_BF16 keeps the bf16 panels (2 bytes per weight) next to the fp32 copies of the
+    // bf16 compute on bf16 kernels (AVX512_BF16, FEAT_BF16) keeps the bf16 panels (2 bytes per weight) next to the fp32 copies of the
     // rounded weights; a forward reads the panels only. At E = 768 there is no padding either way.
     const std::size_t E = 768;
     const Weights w(E);
@@ -94,9 +94,10 @@ TEST(Memory, WeightBytesOfABf16Layer) {
     }
     EXPECT_EQ(m.weight_bytes(), fp32 + 4 * E * E * 2);
     EXPECT_EQ(m.weight_bytes_read(), 4 * E * E * 2 + biases);
-    mha::set_isa_cap(mha::Isa::avx512);  // below the bf16 kernels the rounded fp32 copies are read
+    const mha::Isa saved = mha::active_isa();
+    mha::set_isa_cap(mha::fp32_kernel_isa(saved));  // below the bf16 kernels the rounded fp32 copies are read
     EXPECT_EQ(m.weight_bytes_read(), fp32);
-    mha::set_isa_cap(mha::Isa::avx512_bf16);
+    mha::set_isa_cap(saved);
 }
 
 TEST(Memory, WeightBytesCountsPanelPadding) {

@@ -2,14 +2,14 @@
 # The aarch64 build and its test suite under emulation (issue 25), on an x86-64 Debian 12 machine:
 #   installs g++-aarch64-linux-gnu, qemu-user-static and the arm64 multiarch libraries (adds the arm64
 #   architecture to dpkg if missing), cross-builds the library, tool, tests and benchmarks with
-#   cmake/toolchains/aarch64-linux-gnu.cmake, then runs ctest under qemu-aarch64-static once per CPU model:
-#   max (FEAT_BF16, FP16: Isa::neon_bf16) and cortex-a72 (Armv8.0: Isa::neon).
+#   cmake/toolchains/aarch64-linux-gnu.cmake (the Python extension too, against an unpacked arm64 Python),
+#   then runs ctest and the pytest suite under qemu-aarch64-static once per CPU model:
+#   max (FEAT_BF16, FP16: Isa::neon_bf16, the BFDOT GEMM) and cortex-a72 (Armv8.0: Isa::neon, the fallbacks).
 # Emulation is 10-100x slower than the host, so to stay within CI's budget (25 min) the default leaves out,
-# at -cpu max, the tests whose cost is size, not Arm coverage: the large PyTorch fixtures (E 1024, L 1100:
-# ~5 min emulated; the GEMM's k-blocks and tails are covered per ISA by SimdGemm) and the resident-memory
-# checks (they would measure qemu's memory, not the program's); at -cpu cortex-a72, where the same NEON
-# kernels run and only the detected level differs (neon, not neon_bf16), the ISA, bf16, half and per-ISA
-# kernel tests. MHA_ARM64_FULL=1 runs the whole suite at both models (about 15 min each on 2 cores).
+# at both models, the tests whose cost is size, not Arm coverage: the large PyTorch fixtures (E 1024,
+# L 1100: ~5 min emulated; the GEMM's k-blocks and tails are covered per ISA by SimdGemm) and the
+# resident-memory checks (they would measure qemu's memory, not the program's). MHA_ARM64_FULL=1 runs the
+# whole suite at both models.
 # Environment: MHA_ARM64_BUILD (build folder, default build-arm64), MHA_ARM64_JOBS (default nproc),
 #              MHA_ARM64_FULL (default 0).
 set -euo pipefail
@@ -25,9 +25,34 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $sudo_cmd apt-get update -q
 fi
 bash tools/install_packages.sh cmake make g++-aarch64-linux-gnu qemu-user-static libxsimd-dev libcli11-dev \
-  nlohmann-json3-dev libtbb-dev:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64
+  nlohmann-json3-dev libtbb-dev:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64 python3 pybind11-dev
 
-cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release
+# An arm64 Python with numpy and pytest, unpacked (not installed) into a folder that qemu's -L reads: the
+# Python extension is built against its headers and its pytest suite runs on it. Not installed because
+# python3.X:arm64 cannot sit beside the build machine's python3.X, and Multi-Arch: same would pin
+# libpython3.X-dev:arm64 to the build machine's exact libpython version. No torch for arm64 here: the
+# torch tests skip.
+mkdir -p "$build"
+pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+pyroot=$(cd "$build" && pwd)/python-arm64-root
+if [ ! -f "$pyroot/.complete" ]; then
+  rm -rf "$pyroot" && mkdir -p "$pyroot/debs"
+  (cd "$pyroot/debs" && apt-get download -q "python$pyver-minimal:arm64" "libpython$pyver-minimal:arm64" \
+    "libpython$pyver-stdlib:arm64" "libpython$pyver-dev:arm64" python3-numpy:arm64 libblas3:arm64 liblapack3:arm64 \
+    libgfortran5:arm64 libc6:arm64 libstdc++6:arm64 libgcc-s1:arm64 libtbb12:arm64 libexpat1:arm64 zlib1g:arm64 \
+    libffi8:arm64 libbz2-1.0:arm64 liblzma5:arm64 libssl3:arm64 libncursesw6:arm64 libtinfo6:arm64 \
+    libreadline8:arm64 libsqlite3-0:arm64 libuuid1:arm64 libcrypt1:arm64 libnsl2:arm64 libtirpc3:arm64 \
+    libdb5.3:arm64 python3-pytest python3-iniconfig python3-packaging python3-pluggy python3-attr python3-py \
+    python3-more-itertools python3-pkg-resources)
+  for deb in "$pyroot"/debs/*.deb; do dpkg-deb -x "$deb" "$pyroot"; done
+  # What update-alternatives would have linked.
+  ln -sf blas/libblas.so.3 "$pyroot/usr/lib/aarch64-linux-gnu/libblas.so.3"
+  ln -sf lapack/liblapack.so.3 "$pyroot/usr/lib/aarch64-linux-gnu/liblapack.so.3"
+  rm -rf "$pyroot/debs" && touch "$pyroot/.complete"
+fi
+
+cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+  -DMHA_BUILD_PYTHON=ON -DPython_INCLUDE_DIR="$pyroot/usr/include/python$pyver"
 cmake --build "$build" -j "$jobs"
 rc=0
 run() {  # run CPU [ctest selection...]
@@ -37,12 +62,15 @@ run() {  # run CPU [ctest selection...]
   t0=$(date +%s)
   MHA_QEMU_CPU=$cpu ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 "$@" || rc=1
   echo "== -cpu $cpu: $(($(date +%s) - t0)) s"
+  echo "== pytest under qemu-aarch64-static -cpu $cpu"
+  t0=$(date +%s)
+  local emulator="qemu-aarch64-static -cpu $cpu -L $pyroot"
+  MHA_TEST_EMULATOR="$emulator" PYTHONPATH="$(cd "$build" && pwd)/python" PYTHONDONTWRITEBYTECODE=1 \
+    $emulator "$pyroot/usr/bin/python$pyver" -m pytest -q -rs -p no:cacheprovider python/tests || rc=1
+  echo "== pytest -cpu $cpu: $(($(date +%s) - t0)) s"
 }
-if [ "$full" = 1 ]; then
-  run max
-  run cortex-a72
-else
-  run max -E '^(PyTorch/PyTorchLarge\.|Memory\.ResidentMemory|memory_soak_smoke$)'
-  run cortex-a72 -R '^(Isa\.|IsaChild|Bf16|F16\.|BF16\.|EveryIsa/|AllIsas/|SimdGemm|SimdRows|DecodeKernels|SdpaApi\.SimdMatchesScalar)'
-fi
+size_only='^(PyTorch/PyTorchLarge\.|Memory\.ResidentMemory|memory_soak_smoke$)'
+for cpu in max cortex-a72; do
+  if [ "$full" = 1 ]; then run $cpu; else run $cpu -E "$size_only"; fi
+done
 exit $rc

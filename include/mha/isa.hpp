@@ -8,8 +8,8 @@ namespace mha {
 // x86-64: sse2 < avx2 < avx512 < avx512_bf16. avx512_bf16 adds AVX512_BF16 (vdpbf16ps) to avx512: the fp32
 // kernels run as on avx512 and bf16 GEMMs use the bf16 dot-product microkernel; below it, bf16 data is
 // widened to fp32 and the fp32 kernels run (same values, not faster).
-// AArch64: neon < neon_bf16. neon_bf16 is a CPU with FEAT_BF16 (BFDOT / BFMMLA); the library has no kernels
-// on those instructions yet, so bf16 data is widened and runs the neon fp32 kernels there too.
+// AArch64: neon < neon_bf16. neon_bf16 adds FEAT_BF16 to neon: the fp32 kernels run as on neon and bf16 GEMMs
+// use a BFDOT microkernel; below it, as below avx512_bf16.
 // A build runs only its own family's levels; a cap naming the other family's level (MHA_ISA, set_isa_cap)
 // applies by rank within its family: sse2 caps at neon, avx512_bf16 caps nothing, and so on.
 enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, neon = 4, neon_bf16 = 5 };
@@ -28,7 +28,7 @@ Isa detected_isa() noexcept;
 Isa active_isa() noexcept;
 // Caps the ISA for later calls (process-wide; not meant to change while kernels run).
 void set_isa_cap(Isa cap) noexcept;
-// True where isa runs bf16 GEMMs on bf16 dot-product kernels of its own (today: avx512_bf16 only).
+// True where isa runs bf16 GEMMs on bf16 dot-product kernels of its own (avx512_bf16, neon_bf16).
 bool has_bf16_kernels(Isa isa) noexcept;
 // The level whose fp32 kernels isa runs: avx512_bf16 runs avx512's, neon_bf16 neon's, the others their own.
 Isa fp32_kernel_isa(Isa isa) noexcept;

@@ -62,7 +62,7 @@ Isa active_isa() noexcept {
 
 void set_isa_cap(Isa c) noexcept { cap().store(static_cast<int>(c), std::memory_order_relaxed); }
 
-bool has_bf16_kernels(Isa isa) noexcept { return isa == Isa::avx512_bf16; }
+bool has_bf16_kernels(Isa isa) noexcept { return isa == Isa::avx512_bf16 || isa == Isa::neon_bf16; }
 
 Isa fp32_kernel_isa(Isa isa) noexcept {
     if (isa == Isa::avx512_bf16) return Isa::avx512;

@@ -1,5 +1,6 @@
 // The bf16 GEMM's entry points (gemm_bf16.hpp) and Bf16PackedMatrix's storage. Baseline TU: allocation and
-// the availability check happen here; the kernels are in gemm_bf16_avx512bf16.cpp.
+// the availability check happen here; the kernels are in the ISA TU (gemm_bf16_avx512bf16.cpp on x86,
+// gemm_bf16_neonbf16.cpp on AArch64).
 #include "gemm_bf16.hpp"
 
 #include <cassert>
@@ -14,7 +15,7 @@ bool bf16_kernels_available() noexcept { return has_bf16_kernels(active_isa()); 
 
 void pack_panels_bf16(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
     assert(bf16_kernels_available() && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 && panel_stride % 32 == 0);
-    Bf16Kernels::pack_panels(arch_avx512{}, b, tb, dst, panel_stride);
+    Bf16Kernels::pack_panels(arch_bf16{}, b, tb, dst, panel_stride);
 }
 
 void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
@@ -22,21 +23,21 @@ void gemm_bf16(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, cons
     assert(bf16_kernels_available() && a.cols == b.k && c.cols == b.n && a.rows == c.rows);
     assert(reinterpret_cast<std::uintptr_t>(b.data) % 64 == 0 && reinterpret_cast<std::uintptr_t>(scratch) % 64 == 0);
     if (scratch != nullptr || c.rows == 0 || c.cols == 0 || a.cols == 0)
-        return Bf16Kernels::gemm(arch_avx512{}, alpha, a, b, beta, bias, c, scratch);
+        return Bf16Kernels::gemm(arch_bf16{}, alpha, a, b, beta, bias, c, scratch);
     detail::ScratchLease lease(gemm_bf16_scratch(c.rows, a.cols) * 2);
-    Bf16Kernels::gemm(arch_avx512{}, alpha, a, b, beta, bias, c, static_cast<std::uint16_t*>(lease.data()));
+    Bf16Kernels::gemm(arch_bf16{}, alpha, a, b, beta, bias, c, static_cast<std::uint16_t*>(lease.data()));
 }
 
 void pack_a_bf16(ConstMatrix a, std::uint16_t* dst) noexcept {
     assert(bf16_kernels_available() && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0);
-    Bf16Kernels::pack_a(arch_avx512{}, a, dst);
+    Bf16Kernels::pack_a(arch_bf16{}, a, dst);
 }
 
 void gemm_bf16_packed_a(float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b, float beta,
                         const float* bias, Matrix c) noexcept {
     assert(bf16_kernels_available() && k == b.k && c.cols == b.n && m == c.rows);
     assert(reinterpret_cast<std::uintptr_t>(b.data) % 64 == 0 && reinterpret_cast<std::uintptr_t>(a) % 64 == 0);
-    Bf16Kernels::gemm_packed_a(arch_avx512{}, alpha, a, m, k, b, beta, bias, c);
+    Bf16Kernels::gemm_packed_a(arch_bf16{}, alpha, a, m, k, b, beta, bias, c);
 }
 
 void Bf16PackedMatrix::Free::operator()(std::uint16_t* p) const noexcept { detail::free_aligned(p, bytes); }

@@ -1,12 +1,15 @@
 // The bf16 GEMM: C = alpha·op(A)·B + beta·C (+ bias[j]) with op(A) and B rounded to bfloat16 (nearest even)
-// and products summed in fp32 by vdpbf16ps (AVX512_BF16). Only for Isa::avx512_bf16: callers check
+// and products summed in fp32 by a bf16 dot-product instruction: vdpbf16ps (AVX512_BF16) on x86, BFDOT
+// (FEAT_BF16) on AArch64. Only where has_bf16_kernels(active_isa()) (avx512_bf16, neon_bf16): callers check
 // bf16_kernels_available() and otherwise round the operands themselves and run the fp32 GEMM (simd.hpp).
 //
-// B layout (what vdpbf16ps wants: two bf16 of consecutive k in each 32-bit lane): op(B) [K, N] is cut into
+// B layout (what vdpbf16ps and BFDOT want: two bf16 of consecutive k in each 32-bit lane): op(B) [K, N] is cut into
 // panels of 32 columns; panel p holds k-pair q (rows 2q, 2q + 1) at data[p·panel_stride + 64·q, + 64), column
 // j's two values at offsets 2j (row 2q) and 2j + 1 (row 2q + 1). K is padded to even and columns past N to 32
 // with zeros. A panel's rows are contiguous over all of K, so a k-range starting at an even row is a panel too.
-// As on AVX512_BF16 hardware, inputs below 2^-126 in magnitude count as zero (the instructions flush them).
+// Both instructions count inputs below 2^-126 in magnitude as zero. Each k-pair's two exact products are
+// added to the fp32 sum with at most two roundings: nearest even on x86 (vdpbf16ps); on AArch64 BFDOT
+// rounds to odd (Armv8.6 without FPCR.EBF), so the last bits differ between the two.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -99,13 +102,21 @@ private:
     std::vector<std::size_t> widths_, panel0_;  // per part: columns, first panel
 };
 
-// The ISA kernels (gemm_bf16_avx512bf16.cpp); Arch-tagged so they are recognizably AVX-512 code.
+// The arch whose TU holds this target's bf16 kernels: gemm_bf16_avx512bf16.cpp on x86, gemm_bf16_neonbf16.cpp
+// on AArch64; elsewhere generic/gemm_bf16_kernels.cpp's stubs (never called).
+#if MHA_SIMD_ARM
+using arch_bf16 = arch_neon;
+#else
+using arch_bf16 = arch_avx512;
+#endif
+
+// The ISA kernels; Arch-tagged so they are recognizably that ISA's code.
 struct Bf16Kernels {
-    static void pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept;
-    static void gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
+    static void pack_panels(arch_bf16, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept;
+    static void gemm(arch_bf16, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                      Matrix c, std::uint16_t* scratch) noexcept;
-    static void pack_a(arch_avx512, ConstMatrix a, std::uint16_t* dst) noexcept;
-    static void gemm_packed_a(arch_avx512, float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b,
+    static void pack_a(arch_bf16, ConstMatrix a, std::uint16_t* dst) noexcept;
+    static void gemm_packed_a(arch_bf16, float alpha, const std::uint16_t* a, std::size_t m, std::size_t k, const Bf16Panels& b,
                               float beta, const float* bias, Matrix c) noexcept;
 };
 

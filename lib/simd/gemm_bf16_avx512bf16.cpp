@@ -1,32 +1,23 @@
 // The bf16 GEMM's kernels on AVX512_BF16 (compiled with -mavx512bf16; run only when active_isa() is
 // avx512_bf16): packing fp32 A and B into bf16 pairs (vcvtne2ps2bf16, round to nearest even) and the
 // MR×32 microkernel on vdpbf16ps, which adds two bf16 products per fp32 lane (twice the fp32 FMA's
-// products per instruction). Layout and contract: gemm_bf16.hpp.
-//
-// Loops (BLIS layers as in gemm_impl.hpp, with A packed once per k-block for all its rows):
-//   for each k-block (balanced, even boundaries, at most KC long):
-//     pack A[:, block] into row panels of MR rows (scratch)
-//     for jc in N step NC:  for each row panel:  for each 32-column panel of B in jc's block: microkernel
-// Every C element is summed over the same k-blocks in the same order (one vdpbf16ps per k-pair), whatever
-// the row panel or the caller's split of M.
+// products per instruction). Layout and contract: gemm_bf16.hpp; the loops around the microkernel:
+// gemm_bf16_driver.hpp.
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
-#include "gemm_bf16.hpp"
-#include "gemm_microkernel.hpp"
+#include "gemm_bf16_driver.hpp"
 
 namespace mha::simd {
 namespace {
 
-using u32a = std::uint32_t __attribute__((may_alias));
+using u32a = bf16_pair;
 
 // 8 rows × 2 vectors = 16 accumulators, as the fp32 kernel (two dot-product ports, latency ~6 cycles).
-constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth, NC = 512;
-// Row panels up to which each B panel is taken by all of them in turn (few rows: B streams from memory once).
-constexpr std::size_t kFewRowPanels = 4;
+constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth;
 
 template <class Arch>
 struct Bf16Gemm {
@@ -128,72 +119,10 @@ struct Bf16Gemm {
         for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(t + i, _MM_HINT_T1);
     }
 
-    static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) noexcept {
-        return min_size(k, b * ((k + 1) / 2) / nb * 2);
-    }
-
-    // A [M, K] packed for every k-block in turn: block kb's row panels at ceil(pc / 2)·MR·np pairs (pc its start).
-    static void pack_a_all(ConstMatrix a, u32a* dst) noexcept {
-        const std::size_t M = a.rows, K = a.cols, np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
-        for (std::size_t kb = 0; kb < nb; ++kb) {
-            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
-            for (std::size_t r = 0; r < np; ++r) {
-                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                pack_a(a, i0, m, pc, kc, dst + pc / 2 * MR * np + r * MR * kp);
-            }
-        }
-    }
-
-    // a: the fp32 A (its rows and columns give M and K; read only when packed_a is null), or packed_a: A as
-    // pack_a_all made it.
-    static void gemm(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
-                     std::uint16_t* scratch_buf, const u32a* packed_a = nullptr) noexcept {
-        const std::size_t M = c.rows, N = c.cols, K = a.cols;
-        if (M == 0 || N == 0) return;
-        if (K == 0) {
-            for (std::size_t i = 0; i < M; ++i)
-                for (std::size_t j = 0; j < N; ++j) {
-                    float& cij = c.data[i * c.stride + j];
-                    const float v = beta == 0.0f ? 0.0f : beta * cij;
-                    cij = bias != nullptr ? v + bias[j] : v;
-                }
-            return;
-        }
-        const std::size_t np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
-        for (std::size_t kb = 0; kb < nb; ++kb) {
-            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
-            const u32a* ap = packed_a != nullptr ? packed_a + pc / 2 * MR * np : nullptr;
-            if (packed_a == nullptr) {
-                u32a* buf = reinterpret_cast<u32a*>(scratch_buf);
-                for (std::size_t r = 0; r < np; ++r) {
-                    const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                    pack_a(a, i0, m, pc, kc, buf + r * MR * kp);
-                }
-                ap = buf;
-            }
-            const float beta_k = kb == 0 ? beta : 1.0f;
-            const float* bias_k = kb + 1 == nb ? bias : nullptr;
-            auto run_tile = [&](std::size_t r, std::size_t j0, std::size_t n) {
-                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
-                const std::uint16_t* bp = b.data + j0 / NR * b.panel_stride + pc * NR;
-                tiles[n > 16 ? 1 : 0].t[m - 1](kp, ap + r * MR * kp, bp, out);
-            };
-            if (np <= kFewRowPanels) {
-                // Few rows (a decode step's projections): each B panel, streamed from memory once, serves every
-                // row panel from L1 / L2 right away, and the next one is prefetched into L2 meanwhile.
-                for (std::size_t j0 = 0; j0 < N; j0 += NR) {
-                    if (j0 + NR < N) prefetch_l2(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR, kp * 2 * NR * 2);
-                    for (std::size_t r = 0; r < np; ++r) run_tile(r, j0, min_size(NR, N - j0));
-                }
-                continue;
-            }
-            for (std::size_t jc = 0; jc < N; jc += NC) {
-                const std::size_t nc = min_size(NC, N - jc);
-                for (std::size_t r = 0; r < np; ++r)
-                    for (std::size_t j0 = jc; j0 < jc + nc; j0 += NR) run_tile(r, j0, min_size(NR, jc + nc - j0));
-            }
-        }
+    // One row panel (m rows) × one B panel (n <= 32 columns).
+    static void panel(std::size_t m, std::size_t n, std::size_t kp, const u32a* a, const std::uint16_t* b,
+                      const GemmTileOut& out) noexcept {
+        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, out);
     }
 };
 
@@ -205,16 +134,17 @@ void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_
 
 void Bf16Kernels::gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
                        Matrix c, std::uint16_t* scratch) noexcept {
-    Bf16Gemm<arch_avx512>::gemm(alpha, a, b, beta, bias, c, scratch);
+    Bf16GemmDriver<Bf16Gemm<arch_avx512>>::gemm(alpha, a, b, beta, bias, c, scratch);
 }
 
 void Bf16Kernels::pack_a(arch_avx512, ConstMatrix a, std::uint16_t* dst) noexcept {
-    Bf16Gemm<arch_avx512>::pack_a_all(a, reinterpret_cast<u32a*>(dst));
+    Bf16GemmDriver<Bf16Gemm<arch_avx512>>::pack_a_all(a, reinterpret_cast<u32a*>(dst));
 }
 
 void Bf16Kernels::gemm_packed_a(arch_avx512, float alpha, const std::uint16_t* a, std::size_t m, std::size_t k,
                                 const Bf16Panels& b, float beta, const float* bias, Matrix c) noexcept {
-    Bf16Gemm<arch_avx512>::gemm(alpha, ConstMatrix(nullptr, m, k, k), b, beta, bias, c, nullptr, reinterpret_cast<const u32a*>(a));
+    Bf16GemmDriver<Bf16Gemm<arch_avx512>>::gemm(alpha, ConstMatrix(nullptr, m, k, k), b, beta, bias, c, nullptr,
+                                                reinterpret_cast<const u32a*>(a));
 }
 
 }  // namespace mha::simd

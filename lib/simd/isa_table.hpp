@@ -3,7 +3,7 @@
 // from the mha_simd_isa_flags_<suffix> table in CMakeLists.txt); dispatch() (dispatch.hpp) switches over
 // it; the tests (tests/isa_test_util.hpp) and lib/attention loop over kSimdIsas.
 // Isa::avx512_bf16 is not an entry: it runs the avx512 fp32 kernels, plus the bf16 GEMM TU
-// (gemm_bf16_avx512bf16.cpp); nor is Isa::neon_bf16, which runs the neon kernels. Arch-neutral: no xsimd or intrinsics header needed to include this one.
+// (gemm_bf16_avx512bf16.cpp); nor is Isa::neon_bf16, which runs the neon kernels plus gemm_bf16_neonbf16.cpp. Arch-neutral: no xsimd or intrinsics header needed to include this one.
 #pragma once
 
 #include "mha/isa.hpp"

@@ -1,0 +1,104 @@
+// The bf16 GEMM's loops around an ISA's microkernels, shared by gemm_bf16_avx512bf16.cpp (vdpbf16ps) and
+// gemm_bf16_neonbf16.cpp (BFDOT); included only by those TUs. Layout and contract: gemm_bf16.hpp.
+//
+// Loops (BLIS layers as in gemm_impl.hpp, with A packed once per k-block for all its rows):
+//   for each k-block (balanced, even boundaries, at most kBf16KBlock long):
+//     pack A[:, block] into row panels of kBf16Rows rows (scratch)
+//     for jc in N step NC:  for each row panel:  for each 32-column panel of B in jc's block: Kernel::panel
+// Every C element is summed over the same k-blocks in the same order (one dot-product step per k-pair),
+// whatever the row panel or the caller's split of M.
+//
+// Kernel (a type in the ISA TU's anonymous namespace) provides:
+//   pack_a(a, i0, m, pc, kc, dst): rows [i0, i0 + m) × columns [pc, pc + kc) of fp32 A, rounded to bf16, as
+//     pairs dst[q·kBf16Rows + i] (row i0 + i at k-pair q; a missing odd last column is 0);
+//   panel(m, n, kp, a, b, out): C rows [0, m) × columns [0, n <= 32) of one row panel and one B panel over
+//     kp k-pairs (a: the packed row panel, b: the B panel at the k-block's first pair);
+//   prefetch_l2(p, bytes): a hint that never faults.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm_bf16.hpp"
+#include "gemm_microkernel.hpp"
+
+namespace mha::simd {
+
+// A pair of bf16 values (k even in the low half) seen as one 32-bit word.
+using bf16_pair = std::uint32_t __attribute__((may_alias));
+
+template <class Kernel>
+struct Bf16GemmDriver {
+    static constexpr std::size_t MR = kBf16Rows, NR = kBf16PanelWidth, NC = 512;
+    // Row panels up to which each B panel is taken by all of them in turn (few rows: B streams from memory once).
+    static constexpr std::size_t kFewRowPanels = 4;
+
+    static std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
+    static std::size_t kblock_start(std::size_t b, std::size_t k, std::size_t nb) noexcept {
+        return min_size(k, b * ((k + 1) / 2) / nb * 2);
+    }
+
+    // A [M, K] packed for every k-block in turn: block kb's row panels at ceil(pc / 2)·MR·np pairs (pc its start).
+    static void pack_a_all(ConstMatrix a, bf16_pair* dst) noexcept {
+        const std::size_t M = a.rows, K = a.cols, np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
+        for (std::size_t kb = 0; kb < nb; ++kb) {
+            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
+            for (std::size_t r = 0; r < np; ++r) {
+                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                Kernel::pack_a(a, i0, m, pc, kc, dst + pc / 2 * MR * np + r * MR * kp);
+            }
+        }
+    }
+
+    // a: the fp32 A (its rows and columns give M and K; read only when packed_a is null), or packed_a: A as
+    // pack_a_all made it.
+    static void gemm(float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias, Matrix c,
+                     std::uint16_t* scratch_buf, const bf16_pair* packed_a = nullptr) noexcept {
+        const std::size_t M = c.rows, N = c.cols, K = a.cols;
+        if (M == 0 || N == 0) return;
+        if (K == 0) {
+            for (std::size_t i = 0; i < M; ++i)
+                for (std::size_t j = 0; j < N; ++j) {
+                    float& cij = c.data[i * c.stride + j];
+                    const float v = beta == 0.0f ? 0.0f : beta * cij;
+                    cij = bias != nullptr ? v + bias[j] : v;
+                }
+            return;
+        }
+        const std::size_t np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
+        for (std::size_t kb = 0; kb < nb; ++kb) {
+            const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
+            const bf16_pair* ap = packed_a != nullptr ? packed_a + pc / 2 * MR * np : nullptr;
+            if (packed_a == nullptr) {
+                bf16_pair* buf = reinterpret_cast<bf16_pair*>(scratch_buf);
+                for (std::size_t r = 0; r < np; ++r) {
+                    const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                    Kernel::pack_a(a, i0, m, pc, kc, buf + r * MR * kp);
+                }
+                ap = buf;
+            }
+            const float beta_k = kb == 0 ? beta : 1.0f;
+            const float* bias_k = kb + 1 == nb ? bias : nullptr;
+            auto run_panel = [&](std::size_t r, std::size_t j0, std::size_t n) {
+                const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
+                Kernel::panel(m, n, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR, out);
+            };
+            if (np <= kFewRowPanels) {
+                // Few rows (a decode step's projections): each B panel, streamed from memory once, serves every
+                // row panel from L1 / L2 right away, and the next one is prefetched into L2 meanwhile.
+                for (std::size_t j0 = 0; j0 < N; j0 += NR) {
+                    if (j0 + NR < N) Kernel::prefetch_l2(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR, kp * 2 * NR * 2);
+                    for (std::size_t r = 0; r < np; ++r) run_panel(r, j0, min_size(NR, N - j0));
+                }
+                continue;
+            }
+            for (std::size_t jc = 0; jc < N; jc += NC) {
+                const std::size_t nc = min_size(NC, N - jc);
+                for (std::size_t r = 0; r < np; ++r)
+                    for (std::size_t j0 = jc; j0 < jc + nc; j0 += NR) run_panel(r, j0, min_size(NR, jc + nc - j0));
+            }
+        }
+    }
+};
+
+}  // namespace mha::simd
