@@ -3,7 +3,7 @@
 //   Linear layout C = A·Bᵀ (y = x·Wᵀ): 1024×2304×768 (fused QKV projection of 1024 tokens, E = 768),
 //   1024×768×768 (one projection), 128×128×64 (Q·Kᵀ of one head, d = 64), 128×64×128 (P·V of one head);
 //   Packed: the same with B prepacked once (simd::PackedMatrix) and the bias fused (gemm_packed);
-//   PackedBf16: Packed with bf16 operands on AVX512_BF16 (Bf16PackedMatrix, gemm_bf16; skipped without it);
+//   PackedBf16: Packed with bf16 operands on AVX512_BF16 or FEAT_BF16 (Bf16PackedMatrix, gemm_bf16; skipped without);
 //   Head: the attention calls as the attention code makes them: Q_h·K_hᵀ with Q_h, K_h column slices
 //   of a [L, 3E] buffer (stride 3E = 2304), and P·V_h with V_h such a slice (B not transposed).
 // Rates use wall time (like the anchors in shared/anchors). Run pinned to one core:
@@ -83,7 +83,7 @@ void BM_Packed(benchmark::State& state) {
 // BM_Packed in bf16: W packed once into bf16 panels, x rounded while packed, fp32 accumulation. Args: M, N, K.
 void BM_PackedBf16(benchmark::State& state) {
     if (!mha::simd::bf16_kernels_available()) {
-        state.SkipWithError("this CPU has no AVX512_BF16");
+        state.SkipWithError("this CPU has no AVX512_BF16 / FEAT_BF16");
         return;
     }
     const auto m = std::size_t(state.range(0)), n = std::size_t(state.range(1)), k = std::size_t(state.range(2));
