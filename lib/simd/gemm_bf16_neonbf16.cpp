@@ -8,7 +8,7 @@
 // in 2 A vectors: 29 of the 32 q registers. Per k-pair: 24 BFDOT, 5 loads (4.8 BFDOT per vector loaded, as
 // the fp32 12×8 tile's fmla). A 32-column B panel is taken as 12 + 12 + 8 columns. The inner loop
 // (aarch64-linux-gnu-objdump -d, tile<8, 3>): 31 instructions per k-pair, 24 bfdot, 3 load instructions
-// (ldp + ldr of B, ldp of A), no spills.
+// (ldp + ldur of B, ldp of A), no spills.
 #include <arm_neon.h>
 
 #include <cstdint>
