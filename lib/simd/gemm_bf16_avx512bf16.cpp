@@ -6,7 +6,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "gemm_bf16_driver.hpp"
@@ -41,36 +40,16 @@ struct Bf16Gemm {
         }
     }
 
-    // A rows [i0, i0 + m) × columns [pc, pc + kc) → dst[q·MR + i] (the pair of row i0 + i at k-pair q).
-    static void pack_a(ConstMatrix a, std::size_t i0, std::size_t m, std::size_t pc, std::size_t kc, u32a* dst) noexcept {
-        for (std::size_t i = 0; i < m; ++i) scatter_pairs(a.data + (i0 + i) * a.stride + pc, kc, dst + i, MR);
-    }
-
-    static void pack_panels(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
-        const bool tr = tb == Trans::yes;
-        const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols, kp = (k + 1) / 2;
-        for (std::size_t p = 0; p * NR < n; ++p) {
-            u32a* panel = reinterpret_cast<u32a*>(dst + p * panel_stride);
-            const std::size_t j0 = p * NR, nj = min_size(NR, n - j0);
-            if (tr) {  // column j of op(B) is row j of b: its k run is contiguous
-                if (nj < NR) std::memset(static_cast<void*>(panel), 0, kp * NR * 4);
-                for (std::size_t j = 0; j < nj; ++j) scatter_pairs(b.data + (j0 + j) * b.stride, k, panel + j, NR);
-                continue;
-            }
-            // Rows 2q and 2q + 1 of op(B), 16 columns at a time: low and high halves of each 32-bit lane.
-            for (std::size_t q = 0; q < kp; ++q) {
-                const float* r0 = b.data + 2 * q * b.stride + j0;
-                const float* r1 = 2 * q + 1 < k ? r0 + b.stride : nullptr;
-                for (std::size_t h = 0; h < NR; h += 16) {
-                    const std::size_t cnt = nj > h ? min_size(16, nj - h) : 0;
-                    const __mmask16 mk = cnt >= 16 ? __mmask16(0xffff) : __mmask16((1u << cnt) - 1);
-                    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r0 + h)));
-                    const __m512i hi = r1 != nullptr
-                                           ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r1 + h)))
-                                           : _mm512_setzero_si512();
-                    _mm512_store_si512(static_cast<void*>(panel + q * NR + h), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-                }
-            }
+    // Two rows of n <= 32 floats (r1 null: zeros) as 32 pairs (r0[j], r1[j]), 16 columns at a time: the low
+    // and high halves of each 32-bit lane.
+    static void interleave_rows(const float* r0, const float* r1, std::size_t n, u32a* dst) noexcept {
+        for (std::size_t h = 0; h < NR; h += 16) {
+            const std::size_t cnt = n > h ? min_size(16, n - h) : 0;
+            const __mmask16 mk = cnt >= 16 ? __mmask16(0xffff) : __mmask16((1u << cnt) - 1);
+            const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r0 + h)));
+            const __m512i hi = r1 != nullptr ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r1 + h)))
+                                             : _mm512_setzero_si512();
+            _mm512_store_si512(static_cast<void*>(dst + h), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
     }
 
@@ -129,7 +108,7 @@ struct Bf16Gemm {
 }  // namespace
 
 void Bf16Kernels::pack_panels(arch_avx512, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
-    Bf16Gemm<arch_avx512>::pack_panels(b, tb, dst, panel_stride);
+    Bf16GemmDriver<Bf16Gemm<arch_avx512>>::pack_panels(b, tb, dst, panel_stride);
 }
 
 void Bf16Kernels::gemm(arch_avx512, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,

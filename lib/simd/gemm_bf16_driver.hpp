@@ -9,14 +9,17 @@
 // whatever the row panel or the caller's split of M.
 //
 // Kernel (a type in the ISA TU's anonymous namespace) provides:
-//   pack_a(a, i0, m, pc, kc, dst): rows [i0, i0 + m) × columns [pc, pc + kc) of fp32 A, rounded to bf16, as
-//     pairs dst[q·kBf16Rows + i] (row i0 + i at k-pair q; a missing odd last column is 0);
+//   scatter_pairs(src, kc, dst, step): the contiguous fp32 run src[0, kc), rounded to bf16, as pairs
+//     dst[q·step] for pair q (a missing odd last value is 0);
+//   interleave_rows(r0, r1, n, dst): two rows of n <= 32 fp32 values (r1 null: zeros) as 32 pairs
+//     dst[j] = (r0[j], r1[j]), the pairs past n zero;
 //   panel(m, n, kp, a, b, out): C rows [0, m) × columns [0, n <= 32) of one row panel and one B panel over
 //     kp k-pairs (a: the packed row panel, b: the B panel at the k-block's first pair);
 //   prefetch_l2(p, bytes): a hint that never faults.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "gemm_bf16.hpp"
 #include "gemm_microkernel.hpp"
@@ -37,6 +40,30 @@ struct Bf16GemmDriver {
         return min_size(k, b * ((k + 1) / 2) / nb * 2);
     }
 
+    // A rows [i0, i0 + m) × columns [pc, pc + kc) → dst[q·MR + i] (the pair of row i0 + i at k-pair q).
+    static void pack_a(ConstMatrix a, std::size_t i0, std::size_t m, std::size_t pc, std::size_t kc, bf16_pair* dst) noexcept {
+        for (std::size_t i = 0; i < m; ++i) Kernel::scatter_pairs(a.data + (i0 + i) * a.stride + pc, kc, dst + i, MR);
+    }
+
+    // op(B) [K, N] into the panels of gemm_bf16.hpp at dst, padding zeros included.
+    static void pack_panels(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
+        const bool tr = tb == Trans::yes;
+        const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols, kp = (k + 1) / 2;
+        for (std::size_t p = 0; p * NR < n; ++p) {
+            bf16_pair* panel = reinterpret_cast<bf16_pair*>(dst + p * panel_stride);
+            const std::size_t j0 = p * NR, nj = min_size(NR, n - j0);
+            if (tr) {  // column j of op(B) is row j of b: its k run is contiguous
+                if (nj < NR) std::memset(static_cast<void*>(panel), 0, kp * NR * 4);
+                for (std::size_t j = 0; j < nj; ++j) Kernel::scatter_pairs(b.data + (j0 + j) * b.stride, k, panel + j, NR);
+                continue;
+            }
+            for (std::size_t q = 0; q < kp; ++q) {  // rows 2q and 2q + 1 of op(B)
+                const float* r0 = b.data + 2 * q * b.stride + j0;
+                Kernel::interleave_rows(r0, 2 * q + 1 < k ? r0 + b.stride : nullptr, nj, panel + q * NR);
+            }
+        }
+    }
+
     // A [M, K] packed for every k-block in turn: block kb's row panels at ceil(pc / 2)·MR·np pairs (pc its start).
     static void pack_a_all(ConstMatrix a, bf16_pair* dst) noexcept {
         const std::size_t M = a.rows, K = a.cols, np = (M + MR - 1) / MR, nb = bf16_kblocks(K);
@@ -44,7 +71,7 @@ struct Bf16GemmDriver {
             const std::size_t pc = kblock_start(kb, K, nb), kc = kblock_start(kb + 1, K, nb) - pc, kp = (kc + 1) / 2;
             for (std::size_t r = 0; r < np; ++r) {
                 const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                Kernel::pack_a(a, i0, m, pc, kc, dst + pc / 2 * MR * np + r * MR * kp);
+                pack_a(a, i0, m, pc, kc, dst + pc / 2 * MR * np + r * MR * kp);
             }
         }
     }
@@ -72,7 +99,7 @@ struct Bf16GemmDriver {
                 bf16_pair* buf = reinterpret_cast<bf16_pair*>(scratch_buf);
                 for (std::size_t r = 0; r < np; ++r) {
                     const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                    Kernel::pack_a(a, i0, m, pc, kc, buf + r * MR * kp);
+                    pack_a(a, i0, m, pc, kc, buf + r * MR * kp);
                 }
                 ap = buf;
             }

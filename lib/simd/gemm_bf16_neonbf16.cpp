@@ -12,7 +12,6 @@
 #include <arm_neon.h>
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "gemm_bf16_driver.hpp"
@@ -65,33 +64,14 @@ struct NeonBf16Gemm {
         }
     }
 
-    // A rows [i0, i0 + m) × columns [pc, pc + kc) → dst[q·MR + i] (the pair of row i0 + i at k-pair q).
-    static void pack_a(ConstMatrix a, std::size_t i0, std::size_t m, std::size_t pc, std::size_t kc, bf16_pair* dst) noexcept {
-        for (std::size_t i = 0; i < m; ++i) scatter_pairs(a.data + (i0 + i) * a.stride + pc, kc, dst + i, MR);
-    }
-
-    static void pack_panels(ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
-        const bool tr = tb == Trans::yes;
-        const std::size_t k = tr ? b.cols : b.rows, n = tr ? b.rows : b.cols, kp = (k + 1) / 2;
-        for (std::size_t p = 0; p * NR < n; ++p) {
-            bf16_pair* panel = reinterpret_cast<bf16_pair*>(dst + p * panel_stride);
-            const std::size_t j0 = p * NR, nj = min_size(NR, n - j0);
-            if (tr) {  // column j of op(B) is row j of b: its k run is contiguous
-                if (nj < NR) std::memset(static_cast<void*>(panel), 0, kp * NR * 4);
-                for (std::size_t j = 0; j < nj; ++j) scatter_pairs(b.data + (j0 + j) * b.stride, k, panel + j, NR);
-                continue;
-            }
-            // Rows 2q and 2q + 1 of op(B), 4 columns at a time: low and high halves of each 32-bit lane.
-            for (std::size_t q = 0; q < kp; ++q) {
-                const float* r0 = b.data + 2 * q * b.stride + j0;
-                const float* r1 = 2 * q + 1 < k ? r0 + b.stride : nullptr;
-                for (std::size_t h = 0; h < NR; h += 4) {
-                    const std::size_t cnt = nj > h ? min_size(4, nj - h) : 0;
-                    const uint32x4_t lo = bf16_bits(load_partial(r0 + h, cnt));
-                    const uint32x4_t hi = r1 != nullptr ? bf16_bits(load_partial(r1 + h, cnt)) : vdupq_n_u32(0);
-                    vst1q_u32(panel + q * NR + h, vorrq_u32(lo, vshlq_n_u32(hi, 16)));
-                }
-            }
+    // Two rows of n <= 32 floats (r1 null: zeros) as 32 pairs (r0[j], r1[j]), 4 columns at a time: the low
+    // and high halves of each 32-bit lane.
+    static void interleave_rows(const float* r0, const float* r1, std::size_t n, bf16_pair* dst) noexcept {
+        for (std::size_t h = 0; h < NR; h += 4) {
+            const std::size_t cnt = n > h ? min_size(4, n - h) : 0;
+            const uint32x4_t lo = bf16_bits(load_partial(r0 + h, cnt));
+            const uint32x4_t hi = r1 != nullptr ? bf16_bits(load_partial(r1 + h, cnt)) : vdupq_n_u32(0);
+            vst1q_u32(dst + h, vorrq_u32(lo, vshlq_n_u32(hi, 16)));
         }
     }
 
@@ -165,7 +145,7 @@ using Driver = Bf16GemmDriver<Kernel>;
 }  // namespace
 
 void Bf16Kernels::pack_panels(arch_neon, ConstMatrix b, Trans tb, std::uint16_t* dst, std::size_t panel_stride) noexcept {
-    Kernel::pack_panels(b, tb, dst, panel_stride);
+    Driver::pack_panels(b, tb, dst, panel_stride);
 }
 
 void Bf16Kernels::gemm(arch_neon, float alpha, ConstMatrix a, const Bf16Panels& b, float beta, const float* bias,
