@@ -6,7 +6,14 @@
                                           in place; returns how many attention modules it swapped
     mha.torch.multi_head_attention_forward(...)   torch.nn.functional.multi_head_attention_forward's signature
     mha.torch.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                           enable_gqa=False)
+                                           enable_gqa=False, *, window=None, softcap=None, sinks=None,
+                                           alibi_slopes=None)
+
+Score modifiers (mha.MultiheadAttention's keywords, docs/score-modifiers.md): window=(left, right), softcap=c,
+sinks=[H], alibi_slopes=[H] or "standard", taken by MultiheadAttention(..., window=...), set_score_modifiers,
+from_torch, TransformerEncoderLayer(..., window=...), replace_attention(model, window=...) and
+scaled_dot_product_attention. Arrays may be tensors (an nn.Parameter of sinks, say) or numpy arrays; they are
+copied as float32 when given.
 
 Tensors go to the library as numpy views of their memory (no copy for float32, bfloat16 and float16 CPU tensors
 whose last dim is contiguous); outputs come back as tensors over the library's output memory. Modules may be
@@ -107,6 +114,30 @@ def _module_weights(module):
     return _weights(module.in_proj_weight if same else None, None if same else module.q_proj_weight,
                     None if same else module.k_proj_weight, None if same else module.v_proj_weight,
                     module.in_proj_bias, module.out_proj.weight, module.out_proj.bias)
+
+
+_MODIFIERS = ("window", "softcap", "sinks", "alibi_slopes")
+
+
+def _modifier_value(v):
+    """A score modifier as the library takes it: a tensor or an array becomes a float32 numpy copy (so a later
+    write to it, or to the parameter it came from, changes nothing); a window becomes a tuple."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+    if isinstance(v, np.ndarray):
+        return np.array(v, dtype=np.float32)
+    if isinstance(v, list):
+        return tuple(v)
+    return v
+
+
+def _score_modifiers(heads, window, softcap, sinks, alibi_slopes):
+    """The score modifiers given (None: absent) as keyword arguments for the library's layer, checked for a layer
+    of `heads` query heads: ValueError / TypeError with the library's message, as its constructor would raise."""
+    given = {k: _modifier_value(v) for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes))
+             if v is not None}
+    _mha._check_modifiers(heads, **given)
+    return given
 
 
 def _compute(dtype):
@@ -284,20 +315,41 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     mha_threads (attribute, default 0 = all cores): how many threads the library uses.
 
+    Score modifiers (keyword-only, beyond torch's constructor; none by default): window=(left, right),
+    softcap=c, sinks=[num_heads], alibi_slopes=[num_heads] or "standard", as mha.MultiheadAttention takes them
+    (query i at position i: a sliding-window layer is window=(w - 1, 0) with is_causal=True).
+    set_score_modifiers(...) replaces them, score_modifiers returns them. They are not parameters: state_dict
+    does not hold them, pickling and copy.deepcopy keep them.
+
     Differences from torch: a query whose keys are all masked gets zero weights and the output bias (torch:
     NaN); add_bias_kv and add_zero_attn are not supported (ValueError); inference only.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, window=None, softcap=None, sinks=None, alibi_slopes=None, **kwargs):
         super().__init__(*args, **kwargs)
         if self.bias_k is not None or self.add_zero_attn:  # dtype and device are checked when packing
             raise ValueError(_unsupported(self))
         self._mha_init()
+        self.set_score_modifiers(window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
 
     def _mha_init(self):
         self.__dict__["_mha_lock"] = threading.Lock()
         self.__dict__["_mha_layer"] = None
         self.__dict__["_mha_key"] = None
+        self.__dict__.setdefault("_mha_modifiers", {})
+
+    def set_score_modifiers(self, *, window=None, softcap=None, sinks=None, alibi_slopes=None):
+        """Replaces the score modifiers (those not given are off). Checked now against num_heads: on ValueError /
+        TypeError nothing changes. The next forward packs the layer again."""
+        given = _score_modifiers(self.num_heads, window, softcap, sinks, alibi_slopes)
+        self.__dict__["_mha_modifiers"] = given
+        self.refresh()
+
+    @property
+    def score_modifiers(self):
+        """The score modifiers set (a new dict: window, softcap, sinks, alibi_slopes; absent ones are None)."""
+        m = self.__dict__.get("_mha_modifiers", {})
+        return {k: (m[k].copy() if isinstance(m.get(k), np.ndarray) else m.get(k)) for k in _MODIFIERS}
 
     def _reset_parameters(self):
         super()._reset_parameters()
@@ -318,21 +370,27 @@ class MultiheadAttention(nn.MultiheadAttention):
         self._mha_init()
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module, *, window=None, softcap=None, sinks=None, alibi_slopes=None):
         """An mha.torch.MultiheadAttention sharing module's parameters, submodules and hooks (no copy): what
         module computed, this computes with mha. Raises ValueError for add_bias_kv / add_zero_attn, mixed,
-        non-floating or non-CPU parameters."""
+        non-floating or non-CPU parameters. With score modifiers given, the new module has those (and only
+        those); without, it keeps module's (none for a torch module)."""
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(f"from_torch needs a torch.nn.MultiheadAttention, got {type(module).__name__}")
         why = _unsupported(module)
         if why:
             raise ValueError(why)
+        modifiers = (window, softcap, sinks, alibi_slopes)
+        given = (_score_modifiers(module.num_heads, *modifiers) if any(m is not None for m in modifiers)
+                 else None)  # checked before anything is made
         new = cls.__new__(cls)
         state = {k: (v.copy() if isinstance(v, dict) else v) for k, v in module.__dict__.items()}
         for k in ("_mha_lock", "_mha_layer", "_mha_key"):
             state.pop(k, None)
         new.__dict__.update(state)
         new._mha_init()
+        if given is not None:
+            new.__dict__["_mha_modifiers"] = given
         return new
 
     def refresh(self):
@@ -365,7 +423,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                     raise ValueError(why)
                 dtype = _dtype_of(self)[0]
                 layer = _Layer(self.embed_dim, self.num_heads, kdim=self.kdim, vdim=self.vdim,
-                               compute=_compute(dtype), **_module_weights(self))
+                               compute=_compute(dtype), **d["_mha_modifiers"], **_module_weights(self))
                 d["_mha_layer"] = (layer, dtype)
                 d["_mha_key"] = key
             return d["_mha_layer"]
@@ -433,22 +491,26 @@ class TransformerEncoderLayer(nn.TransformerEncoderLayer):
     the feed-forward block at once, the attention of every sequence over its own tokens in one library call
     (MultiheadAttention.forward with seq_lens), and come back nested, as torch's fast path returns them. With
     src_mask, in training mode, or with hooks on self_attn, they run one sequence at a time (the hooks see each
-    call). forward also takes is_causal (torch >= 2.0's hint)."""
+    call). forward also takes is_causal (torch >= 2.0's hint). Score modifiers (window=, softcap=, sinks=,
+    alibi_slopes=, keyword-only) go to self_attn (mha.torch.MultiheadAttention's)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, window=None, softcap=None, sinks=None, alibi_slopes=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.self_attn = MultiheadAttention.from_torch(self.self_attn)  # shares the parameters
+        self.self_attn = MultiheadAttention.from_torch(self.self_attn, window=window, softcap=softcap, sinks=sinks,
+                                                       alibi_slopes=alibi_slopes)  # shares the parameters
 
     @classmethod
-    def convert(cls, layer):
+    def convert(cls, layer, **modifiers):
         """Turns an nn.TransformerEncoderLayer into this class in place (it adds no state: the same module object,
-        parameters and hooks) and its self_attn into an mha.torch.MultiheadAttention sharing the parameters.
-        Returns 1 when self_attn was swapped, else 0. ValueError when mha cannot run the attention."""
+        parameters and hooks) and its self_attn into an mha.torch.MultiheadAttention sharing the parameters,
+        with the score modifiers given (window=, softcap=, sinks=, alibi_slopes=). Returns 1 when self_attn was
+        swapped, else 0 (a self_attn that already runs mha keeps its modifiers). ValueError when mha cannot run
+        the attention."""
         if type(layer) is not nn.TransformerEncoderLayer and not isinstance(layer, cls):
             raise TypeError(f"convert needs a torch.nn.TransformerEncoderLayer, got {type(layer).__name__}")
         swapped = 0
         if not isinstance(layer.self_attn, MultiheadAttention):
-            layer.self_attn = MultiheadAttention.from_torch(layer.self_attn)
+            layer.self_attn = MultiheadAttention.from_torch(layer.self_attn, **modifiers)
             swapped = 1
         layer.__class__ = cls
         return swapped
@@ -490,23 +552,28 @@ def _mha_runnable(module):
                                                         and _unsupported(module) is None)
 
 
-def replace_attention(model):
+def replace_attention(model, *, window=None, softcap=None, sinks=None, alibi_slopes=None):
     """Makes model's attention run mha, in place; returns how many nn.MultiheadAttention were swapped.
 
     Every torch.nn.MultiheadAttention inside model (not model itself) becomes an mha.torch.MultiheadAttention
     sharing its parameters; every torch.nn.TransformerEncoderLayer (model itself included) whose self_attn mha
     can run becomes an mha.torch.TransformerEncoderLayer in place (torch's fused encoder path would bypass the
     attention). Modules mha cannot run (add_bias_kv, add_zero_attn, mixed or non-floating dtypes, non-CPU
-    parameters) and subclasses of nn.MultiheadAttention are left as they are."""
+    parameters) and subclasses of nn.MultiheadAttention are left as they are.
+
+    Score modifiers given (window=, softcap=, sinks=, alibi_slopes=) apply to every module swapped; modules that
+    already ran mha keep their own. They are checked against each swapped module's num_heads before it is
+    swapped (a failing check raises and leaves that module and the rest of the model as they were)."""
+    modifiers = {k: v for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes)) if v is not None}
     if type(model) is nn.TransformerEncoderLayer and _mha_runnable(model.self_attn):
-        return TransformerEncoderLayer.convert(model) + replace_attention(model)
+        return TransformerEncoderLayer.convert(model, **modifiers) + replace_attention(model, **modifiers)
     count = 0
     for name, child in list(model.named_children()):
         if type(child) is nn.MultiheadAttention and _unsupported(child) is None:
-            setattr(model, name, MultiheadAttention.from_torch(child))
+            setattr(model, name, MultiheadAttention.from_torch(child, **modifiers))
             count += 1
         else:
-            count += replace_attention(child)
+            count += replace_attention(child, **modifiers)
     return count
 
 
@@ -587,9 +654,11 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, *, window=None, softcap=None, sinks=None, alibi_slopes=None):
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.5's signature) on CPU float32 tensors
-    [..., H, L, d] (rank 3 or 4), computed by mha. dropout_p must be 0 (inference only); no gradients."""
+    [..., H, L, d] (rank 3 or 4), computed by mha. dropout_p must be 0 (inference only); no gradients.
+    Score modifiers as mha.scaled_dot_product_attention takes them (window=(left, right), softcap=, sinks=[H],
+    alibi_slopes=[H] or "standard"; tensors or arrays)."""
     if dropout_p != 0.0:
         raise ValueError("mha is inference only: dropout_p must be 0")
     tensors = (query, key, value, attn_mask)
@@ -606,5 +675,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise TypeError(f"{n} is on {t.device}; mha runs on the CPU")
         else:
             arrays.append(t.detach().numpy())
+    modifiers = {k: _modifier_value(v) for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes))
+                 if v is not None}
     return torch.from_numpy(_np_sdpa(*arrays[:3], attn_mask=arrays[3], is_causal=is_causal, scale=scale,
-                                     enable_gqa=enable_gqa))
+                                     enable_gqa=enable_gqa, **modifiers))

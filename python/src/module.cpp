@@ -363,6 +363,8 @@ mha::ScoreModifiers modifiers_of(py::handle window, py::handle softcap, py::hand
             value_error(std::string(name) + " must have shape [" + std::to_string(H) + "] (one per query head), got " +
                         shape_string(a));
         dst.assign(a.data(), a.data() + H);
+        for (std::size_t h = 0; h < H; ++h)
+            if (!std::isfinite(dst[h])) value_error(std::string(name) + "[" + std::to_string(h) + "] = " + std::to_string(dst[h]) + " is not finite");
     };
     if (!sinks.is_none()) per_head(sinks, "sinks", store.sinks), m.sinks = store.sinks.data();
     if (!alibi_slopes.is_none()) {
@@ -788,6 +790,14 @@ PYBIND11_MODULE(_mha, m) {
           py::arg("attn_mask"), py::arg("is_causal"), py::arg("causal_alignment"), py::arg("scale"), py::arg("threads"),
           py::arg("backend"), py::arg("impl"), py::arg("out"), py::arg("window") = py::none(), py::arg("softcap") = py::none(),
           py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none());
+    m.def("_check_modifiers",
+          [](std::size_t heads, py::handle window, py::handle softcap, py::handle sinks, py::handle alibi_slopes) {
+              ModifierStore store;
+              modifiers_of(window, softcap, sinks, alibi_slopes, heads, store);
+          },
+          py::arg("heads"), py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("sinks") = py::none(),
+          py::arg("alibi_slopes") = py::none(),
+          "Raises what a layer of `heads` heads would raise for these score modifiers (mha.torch checks them when set).");
     m.def("alibi_standard_slopes", [](std::size_t heads) {
               const std::vector<float> s = mha::alibi_standard_slopes(heads);
               py::array_t<float> a(static_cast<py::ssize_t>(s.size()));
