@@ -40,6 +40,10 @@ inline constexpr std::size_t kGroupRows = 128;
 // Keys per tile of the grouped path (128 reruns the short-K microkernel epilogue and the per-row softmax
 // bookkeeping twice as often; 512 gains nothing and doubles the score tile).
 inline constexpr std::size_t kKeyTile = 256;
+// Where a query block's first key tile starts: its first visible key rounded down to this (every fp32 and
+// bf16 panel width divides it), not to kKeyTile, so a sliding window's left edge computes at most 31 hidden
+// keys per row instead of up to 255 (4 % of the pairs at window 4096).
+inline constexpr std::size_t kKeyTileAlign = 32;
 // automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
 inline constexpr std::size_t kFusedMinKeys = 1024;
 

@@ -8,6 +8,7 @@
 // Tiles outside the block's visible keys are never visited; a tile whose keys are all padded is skipped.
 // Memory per task: G·rows × (d + tile + d) floats.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 
@@ -101,6 +102,8 @@ private:
     std::size_t key_stride_ = 0, value_stride_ = 0, key_head_ = 0, value_head_ = 0;  // bf16: in uint16 elements
 };
 
+static_assert(kKeyTileAlign % simd::kBf16PanelWidth == 0, "a key tile must start at a bf16 panel");
+
 void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t b, std::size_t kvh, std::size_t i0,
                   std::size_t rows) {
     constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
@@ -121,7 +124,8 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
     const bool careful = c.value_nonfinite(b, kvh);  // a value is NaN or ±inf: masked keys must be skipped
     const KeyRange block = c.visible_block(b, i0, rows);
 
-    for (std::size_t j0 = block.lo / tile * tile; j0 < block.hi; j0 += tile) {
+    assert(use16 || kKeyTileAlign % simd::PanelMatrix::panel_width(k_t.isa) == 0);  // tiles start at a panel
+    for (std::size_t j0 = block.lo / kKeyTileAlign * kKeyTileAlign; j0 < block.hi; j0 += tile) {
         const std::size_t kt = std::min(tile, block.hi - j0);
         if (padding.present() && all_masked(padding.from(j0), kt)) continue;
         const Matrix st = sc.columns(0, kt);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "mask_row.hpp"
 #include "row_tail.hpp"
@@ -125,12 +126,88 @@ struct ScoreModifierVectors {
           t_first(B(m.t0) + B::load_aligned(lane_index)) {}
     // The distances of entries j .. j + W − 1: t_first + j (callers walking a row add W to it per vector).
     B distances(std::size_t j) const noexcept { return t_first + B(static_cast<float>(j)); }
-    inline __attribute__((always_inline)) B operator()(B z, const B& t) const noexcept {
-        if (cap) z = c * xsimd::tanh(z * inv_c);
-        if (alibi) z = xsimd::fma(slope, t, z);
+    // The modifiers with cap and alibi known at compile time (the branch-free loops of pass 1).
+    template <bool Cap, bool Alibi>
+    inline __attribute__((always_inline)) B apply(B z, const B& t) const noexcept {
+        if constexpr (Cap) z = c * xsimd::tanh(z * inv_c);
+        if constexpr (Alibi) z = xsimd::fma(slope, t, z);
         return z;
     }
+    inline __attribute__((always_inline)) B operator()(B z, const B& t) const noexcept {
+        if (cap) return alibi ? apply<true, true>(z, t) : apply<true, false>(z, t);
+        return alibi ? apply<false, true>(z, t) : z;
+    }
 };
+
+// Pass 1's vector body for a row without masks: z_j = modifiers(scale·x_j) stored over x (only read when there is
+// nothing to apply), the max in two chains. The same operations as scale_mask_max's general loop (its bits), with
+// the branches taken out of the loop: that loop tests the masks and modifiers per vector, 2–3× the instructions.
+template <bool Scale, bool Cap, bool Alibi, class Arch>
+void unmasked_body_max(float* x, std::size_t body, const batch<Arch>& vscale, const ScoreModifierVectors<Arch>& modify,
+                       batch<Arch>& max_a, batch<Arch>& max_b) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size;
+    const B step(static_cast<float>(W)), step2(static_cast<float>(2 * W));
+    B t = modify.t_first;
+    auto z_at = [&](std::size_t j, const B& tj) noexcept {
+        B z = B::load_unaligned(x + j);
+        if constexpr (Scale) z = z * vscale;
+        z = modify.template apply<Cap, Alibi>(z, tj);
+        if constexpr (Scale || Cap || Alibi) z.store_unaligned(x + j);
+        return z;
+    };
+    std::size_t j = 0;
+    for (; j + 2 * W <= body; j += 2 * W) {
+        max_a = xsimd::max(z_at(j, t), max_a);
+        max_b = xsimd::max(z_at(j + W, t + step), max_b);
+        if constexpr (Alibi) t += step2;
+    }
+    for (; j < body; j += W) max_a = xsimd::max(z_at(j, t), max_a);
+}
+
+// z with the masks' additive values m0 / m1 (those present) added. A masked entry (-inf in either mask) is -inf
+// whatever the score: a masked key's score never matters, so a NaN there does not poison the row (as when the
+// fused path skips a padded tile).
+template <class Arch>
+inline __attribute__((always_inline)) batch<Arch> add_masks(batch<Arch> z, bool has0, bool has1, const batch<Arch>& m0,
+                                                            const batch<Arch>& m1) noexcept {
+    using B = batch<Arch>;
+    if (!has0 && !has1) return z;
+    if (has0) z += m0;
+    if (has1) z += m1;
+    return xsimd::select((m0 == B(kNegInf)) | (m1 == B(kNegInf)), B(kNegInf), z);
+}
+
+// Pass 1's vector body for a row with a mask: z_j = masks(modifiers(scale·x_j)) stored over x, the max in two
+// chains. Out of line: its closures would otherwise be set up on every call of the unmasked rows too.
+template <class Arch>
+__attribute__((noinline)) void masked_body_max(Arch arch, float* x, std::size_t body, const batch<Arch>& vscale,
+                                               MaskRow mask0, MaskRow mask1, bool modified,
+                                               const ScoreModifierVectors<Arch>& modify, batch<Arch>& max_a,
+                                               batch<Arch>& max_b) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size;
+    const bool has0 = mask0.values != nullptr || mask0.bools != nullptr;
+    const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
+    B t = modify.t_first;  // the distances of the next vector z_at reads (z_at walks the row in order)
+    const B step(static_cast<float>(W));
+    auto z_at = [&](std::size_t j) noexcept {
+        B z = B::load_unaligned(x + j) * vscale;
+        if (modified) {
+            z = modify(z, t);
+            if (modify.alibi) t += step;
+        }
+        z = add_masks(z, has0, has1, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
+        z.store_unaligned(x + j);
+        return z;
+    };
+    std::size_t j = 0;
+    for (; j + 2 * W <= body; j += 2 * W) {
+        max_a = xsimd::max(z_at(j), max_a);
+        max_b = xsimd::max(z_at(j + W), max_b);
+    }
+    for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
+}
 
 // Pass 1 over x[0, n_valid): z_j = modifiers(scale·x_j) (+ mask0_j) (+ mask1_j), stored over x (not when scale
 // is 1 and the masks and modifiers are absent: then z = x and the row is only read); returns max z (-inf if none). The max
@@ -141,48 +218,36 @@ float scale_mask_max(Arch arch, float* x, std::size_t n_valid, float scale, Mask
                      const ScoreRowModifiers& mods = {}) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size;
-    
     const std::size_t body = n_valid - n_valid % W, tail = n_valid - body;
     // Fields read directly, not through MaskRow's inline members (nothing inline is shared with baseline code).
     const bool has0 = mask0.values != nullptr || mask0.bools != nullptr;
     const bool has1 = mask1.values != nullptr || mask1.bools != nullptr;
     const bool modified = mods.softcap > 0.0f || mods.slope != 0.0f;
     const ScoreModifierVectors<Arch> modify(mods);
-    B t = modify.t_first;  // the distances of the next vector z_at reads (z_at walks the row in order)
-    const B step(static_cast<float>(W));
     const bool z_is_x = scale == 1.0f && !has0 && !has1 && !modified;
     const B vscale(scale);
-    // A masked entry (-inf in either mask) is -inf whatever the score: a masked key's score never
-    // matters, so a NaN there does not poison the row (as when the fused path skips a padded tile).
-    auto apply_masks = [&](B z, const B& m0, const B& m1) noexcept {
-        if (!has0 && !has1) return z;
-        if (has0) z += m0;
-        if (has1) z += m1;
-        return xsimd::select((m0 == B(kNegInf)) | (m1 == B(kNegInf)), B(kNegInf), z);
-    };
-    auto z_at = [&](std::size_t j) noexcept {
-        B z = B::load_unaligned(x + j);
-        if (z_is_x) return z;
-        z = z * vscale;
-        if (modified) {
-            z = modify(z, t);
-            if (modify.alibi) t += step;
-        }
-        z = apply_masks(z, has0 ? mask_at(arch, mask0, j) : B(0.0f), has1 ? mask_at(arch, mask1, j) : B(0.0f));
-        z.store_unaligned(x + j);
-        return z;
-    };
     B max_a(kNegInf), max_b(kNegInf);
-    std::size_t j = 0;
-    for (; j + 2 * W <= body; j += 2 * W) {
-        max_a = xsimd::max(z_at(j), max_a);
-        max_b = xsimd::max(z_at(j + W), max_b);
+    if (has0 || has1) {
+        masked_body_max(arch, x, body, vscale, mask0, mask1, modified, modify, max_a, max_b);
+    } else {  // scale 1 is skipped: z·1 = z, the same bits
+        const bool scaled = scale != 1.0f;
+        auto run = [&](auto cap, auto alibi) noexcept {
+            constexpr bool C = decltype(cap)::value, A = decltype(alibi)::value;
+            scaled ? unmasked_body_max<true, C, A>(x, body, vscale, modify, max_a, max_b)
+                   : unmasked_body_max<false, C, A>(x, body, vscale, modify, max_a, max_b);
+        };
+        using yes = std::true_type;
+        using no = std::false_type;
+        if (modify.cap)
+            modify.alibi ? run(yes{}, yes{}) : run(yes{}, no{});
+        else
+            modify.alibi ? run(no{}, yes{}) : run(no{}, no{});
     }
-    for (; j < body; j += W) max_a = xsimd::max(z_at(j), max_a);
     if (tail != 0) {
         B z = vscale * row_detail::load_head(arch, x + body, tail, 0.0f);
         if (modified) z = modify(z, modify.distances(body));
-        z = apply_masks(z, has0 ? mask_at(arch, mask0, body, tail) : B(0.0f), has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
+        z = add_masks(z, has0, has1, has0 ? mask_at(arch, mask0, body, tail) : B(0.0f),
+                      has1 ? mask_at(arch, mask1, body, tail) : B(0.0f));
         if (!z_is_x) row_detail::store_head(arch, z, x + body, tail);
         // Lanes past the tail must not count (scale·0 = 0 could exceed every real z).
         const auto in_tail = B::load_aligned(lane_index) < B(static_cast<float>(tail));
