@@ -177,3 +177,34 @@ def test_paged_release_before_keeps_window_memory():
     with pytest.raises(ValueError, match="released"):
         plain(x[:1], cache=freed, seq_ids=[b], q_lens=[1])
     assert freed.length(b) == 100
+
+
+def _bf16_bits(x):
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_16_bit_activations_take_the_modifiers(kind, need_weights):
+    """The 16-bit-activation forward (widened exactly, the float32 forward, the output rounded once) with all four
+    modifiers is the float32 forward of the widened inputs, rounded, bitwise; and the modifiers act."""
+    E, H, L = 32, 4, 40
+    kw = dict(window=(9, 0), softcap=4.0, sinks=np.array([0.3, -0.2, 1.0, 0.0], np.float32), alibi_slopes="standard")
+    layer = mha.MultiheadAttention(E, H, seed=11, **kw)
+    plain = mha.MultiheadAttention(E, H, seed=11)
+    x32 = rand(2, L, E)
+    if kind == "f16":
+        x16 = x32.astype(np.float16)
+        wide, narrow = x16.astype(np.float32), lambda y: y.astype(np.float16)
+    else:
+        x16 = _bf16_bits(x32)
+        wide, narrow = (x16.astype(np.uint32) << 16).view(np.float32), _bf16_bits
+    out16, w16 = layer(x16, is_causal=True, need_weights=need_weights)
+    ref, ref_w = layer(wide, is_causal=True, need_weights=need_weights)
+    np.testing.assert_array_equal(out16, narrow(ref))
+    if need_weights:
+        np.testing.assert_array_equal(w16, ref_w)
+        row = w16[:, 20]  # query 20 sees keys 11 .. 20
+        assert np.all(row[:, :11] == 0) and np.all(row[:, 21:] == 0) and np.all(row[:, 11:21] > 0)
+    assert not np.array_equal(out16, plain(x16, is_causal=True)[0])
