@@ -2,7 +2,8 @@
 // bitwise equal forward on that sequence alone, causal or not, for shapes that take the decode, materialized
 // and grouped core paths, with RoPE restarting per sequence, bf16 compute, 1 / 2 / 3 threads, any order and
 // strided x / y, on every ISA of this CPU; causal outputs against the float64 evaluation of each sequence
-// (decode_test_util.hpp); empty sequences and batches; the refusals (nothing written).
+// (decode_test_util.hpp); empty sequences and batches; the refusals (nothing written); Backend::scalar (the
+// reference on each sequence alone).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,13 +36,15 @@ mha::MultiheadAttention make_layer(const DecoderLayer& l, mha::DataType compute)
 }
 
 // forward on one sequence alone: [1, L, E].
-std::vector<float> alone(const mha::MultiheadAttention& m, const float* x, std::size_t L, std::size_t E, bool causal) {
+std::vector<float> alone(const mha::MultiheadAttention& m, const float* x, std::size_t L, std::size_t E, bool causal,
+                         mha::Backend backend = mha::Backend::simd) {
     std::vector<float> y(L * E, kNaN);
     if (L == 0) return y;
     mha::AttentionInputs in;
     in.query = mha::ConstBatch(x, 1, L, E);
     mha::ForwardOptions opt;
     opt.causal = causal;
+    opt.backend = backend;
     m.forward(in, {mha::Batch(y.data(), 1, L, E)}, opt);
     return y;
 }
@@ -51,7 +54,7 @@ bool same_bits(const float* a, const float* b, std::size_t n) { return std::memc
 // The sequences packed in `order` into rows of stride `stride` >= E; returns y (stride `stride`) and the starts.
 std::vector<float> run_packed(const mha::MultiheadAttention& m, const std::vector<std::vector<float>>& x,
                               const std::vector<std::size_t>& order, std::size_t E, std::size_t stride, bool causal, int threads,
-                              std::vector<std::size_t>& starts) {
+                              std::vector<std::size_t>& starts, mha::Backend backend = mha::Backend::simd) {
     starts.assign(1, 0);
     for (std::size_t k : order) starts.push_back(starts.back() + x[k].size() / E);
     const std::size_t T = starts.back();
@@ -60,7 +63,7 @@ std::vector<float> run_packed(const mha::MultiheadAttention& m, const std::vecto
         for (std::size_t r = 0; r < x[order[j]].size() / E; ++r)
             std::copy_n(x[order[j]].data() + r * E, E, packed.data() + (starts[j] + r) * stride);
     m.forward_varlen(mha::ConstMatrix(packed.data(), T, E, stride), mha::Matrix(y.data(), T, E, stride), starts.data(),
-                     order.size(), causal, threads);
+                     order.size(), causal, threads, backend);
     return y;
 }
 
@@ -141,6 +144,49 @@ TEST(ForwardVarlen, CausalAgreesWithAFloat64EvaluationOfEachSequence) {
         EXPECT_TRUE(mha_test::all_within(got, ex.out, tol)) << "sequence " << i;
         EXPECT_LT(mha_test::relative_tolerance(ex.out, tol), 1e-3) << "bound too loose to catch anything";
     }
+}
+
+// Backend::scalar: each sequence through the reference alone (bitwise forward with Backend::scalar on it), in
+// any order and stride; causal rows within the float64 bound; the validation before it (nothing written).
+TEST(ForwardVarlen, ScalarBackendRunsTheReferenceOnEachSequence) {
+    const DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 966);
+    const mha::MultiheadAttention m = layer.make();
+    const std::size_t E = 64;
+    const std::vector<std::size_t> lengths = {5, 0, 37, 1};
+    std::vector<std::vector<float>> x;
+    for (std::size_t i = 0; i < lengths.size(); ++i) x.push_back(uniform(lengths[i] * E, 1.0f, 200 + std::uint32_t(i)));
+    for (bool causal : {false, true}) {
+        for (int threads : {1, 2}) {
+            const std::vector<std::size_t> order = threads == 1 ? std::vector<std::size_t>{0, 1, 2, 3} : std::vector<std::size_t>{3, 2, 1, 0};
+            const std::size_t stride = threads == 1 ? E : E + 3;
+            std::vector<std::size_t> starts;
+            const std::vector<float> y = run_packed(m, x, order, E, stride, causal, threads, starts, mha::Backend::scalar);
+            const std::vector<float> simd = run_packed(m, x, order, E, stride, causal, threads, starts);
+            for (std::size_t j = 0; j < order.size(); ++j) {
+                const std::size_t i = order[j];
+                const std::vector<float> want = alone(m, x[i].data(), lengths[i], E, causal, mha::Backend::scalar);
+                for (std::size_t r = 0; r < lengths[i]; ++r)
+                    ASSERT_TRUE(same_bits(y.data() + (starts[j] + r) * stride, want.data() + r * E, E))
+                        << "sequence " << i << ", row " << r << ", causal " << causal << ", threads " << threads;
+                if (!causal || lengths[i] == 0) continue;
+                const mha_decode_test::StepExpected ex = mha_decode_test::step_double(layer.ref(), x[i].data(), 1, lengths[i], nullptr);
+                const std::vector<double> tol = mha_decode_test::times(ex.out_err, mha_test::kDecoderSafety);
+                for (const std::vector<float>* got : {&y, &simd}) {
+                    std::vector<float> rows;
+                    for (std::size_t r = 0; r < lengths[i]; ++r)
+                        rows.insert(rows.end(), got->begin() + std::ptrdiff_t((starts[j] + r) * stride),
+                                    got->begin() + std::ptrdiff_t((starts[j] + r) * stride + E));
+                    EXPECT_TRUE(mha_test::all_within(rows, ex.out, tol)) << "sequence " << i << (got == &y ? " scalar" : " simd");
+                }
+            }
+        }
+    }
+    std::vector<float> y(6 * E, 7.0f);
+    const std::vector<std::size_t> bad = {0, 4, 2};
+    EXPECT_THROW(m.forward_varlen(mha::ConstMatrix(x[2].data(), 2, E), mha::Matrix(y.data(), 2, E), bad.data(), 2, true, 0,
+                                  mha::Backend::scalar),
+                 mha::invalid_argument);
+    EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
 }
 
 TEST(ForwardVarlen, EmptyBatchesAndRefusals) {

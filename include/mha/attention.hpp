@@ -314,8 +314,10 @@ public:
     // tokens are projected in one pass over the weights. Batch invariant: a sequence's rows are bitwise those
     // of forward on that sequence alone ([1, L, E], the same causal flag), whatever sequences are beside it,
     // in any order, with any thread count. mha::invalid_argument (nothing written) for bad shapes or starts.
+    // backend: Backend::scalar runs each sequence alone through the scalar reference (forward with
+    // Backend::scalar on [1, L, E]), one after the other, after the same validation.
     void forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
-                        bool causal = false, int threads = 0) const;
+                        bool causal = false, int threads = 0, Backend backend = Backend::simd) const;
     // The same step given its plan (mha/step_plan.hpp), made once for all layers of a model: the sequences
     // are the plan's, x and y [plan.tokens(), E]. Also refused (nothing changed): a plan made for a layer of
     // another configuration, or for a cache state this cache is not in (another block size, KV heads or head

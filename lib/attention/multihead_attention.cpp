@@ -342,7 +342,7 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
 }
 
 void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
-                                        bool causal, int threads) const {
+                                        bool causal, int threads, Backend backend) const {
     const detail::LayerState& st = state_of(state_);
     check_self_attention(st, "forward_varlen");
     if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
@@ -355,7 +355,17 @@ void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, c
     const std::size_t T = seq_starts[sequences];
     check_packed_rows(x, y, T, st.E, "T = seq_starts[sequences]");
     if (T == 0) return;  // no token (no sequence, or only empty ones): nothing to read or write
-    simd_forward_varlen(st, x, y, seq_starts, sequences, causal, threads);
+    if (backend != Backend::scalar) return simd_forward_varlen(st, x, y, seq_starts, sequences, causal, threads);
+    ForwardOptions one;  // each sequence alone through the reference: what the SIMD path must equal bitwise
+    one.causal = causal;
+    one.backend = Backend::scalar;
+    one.threads = threads;
+    for (std::size_t i = 0; i < sequences; ++i) {
+        const std::size_t r0 = seq_starts[i], q = seq_starts[i + 1] - r0;
+        if (q == 0) continue;
+        const ConstBatch xs(x.row(r0), 1, q, st.E, x.stride, q * x.stride);
+        forward(AttentionInputs::self_attention(xs), AttentionOutputs{Batch(y.row(r0), 1, q, st.E, y.stride, q * y.stride)}, one);
+    }
 }
 
 StepPlan::StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids, const std::size_t* q_lens,

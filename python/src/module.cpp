@@ -492,7 +492,7 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
         if (!value.is_none() && !value.is(key.is_none() ? query : key)) value_error("value must be None or the query with seq_lens");
         if (!key_padding_mask.is_none() || !attn_mask.is_none() || need_weights || !positions.is_none() || position_offset != 0)
             value_error("masks, need_weights and positions do not apply with seq_lens (each sequence attends over its own tokens)");
-        if (backend != "simd") value_error("seq_lens runs on the simd backend only");
+        const mha::Backend varlen_backend = parse_backend(backend);
         const py::array x = float_input(query, "query", 2, 2);
         const std::vector<std::size_t> lens = sizes_of(seq_lens, "seq_lens");
         std::vector<std::size_t> starts(lens.size() + 1, 0);
@@ -508,7 +508,7 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
         const int th = parse_threads(threads);
         {
             py::gil_scoped_release release;
-            self.layer.forward_varlen(xv, ov, starts.data(), lens.size(), is_causal, th);
+            self.layer.forward_varlen(xv, ov, starts.data(), lens.size(), is_causal, th, varlen_backend);
         }
         return py::make_tuple(o, py::none());
     }
@@ -773,7 +773,8 @@ PYBIND11_MODULE(_mha, m) {
         "in that order (T = sum(q_lens)); returns (y [T, E], None). plan=StepPlan(...) instead of seq_ids and q_lens:\n"
         "the step planned once for every layer of a model.\n"
         "With seq_lens=[...]: query [T, E] float32 packs independent sequences of those lengths (no padding, no cache;\n"
-        "is_causal applies per sequence, RoPE positions restart per sequence); returns (y [T, E], None).";
+        "is_causal applies per sequence, RoPE positions restart per sequence; backend='scalar' runs the reference on\n"
+        "each sequence alone); returns (y [T, E], None).";
     for (const char* name : {"forward", "__call__"}) {
         layer_cls.def(name, fwd, fwd_doc, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
                       py::arg("key_padding_mask") = py::none(), py::arg("need_weights") = false,

@@ -1,6 +1,7 @@
 """Packed batches of independent sequences (MultiheadAttention.forward with seq_lens; the C++
 forward_varlen): each sequence's rows equal the layer on that sequence alone (bitwise), causal or not, with
-RoPE restarting per sequence; the float64 reference; refusals as ValueError. mha.torch's nested tensors run
+RoPE restarting per sequence; the float64 reference; backend="scalar" (the reference on each sequence alone);
+refusals as ValueError. mha.torch's nested tensors run
 this path for self-attention without weights (MultiheadAttention and TransformerEncoderLayer), bitwise equal
 to each sequence alone, float32 and bfloat16; with hooks the encoder calls self_attn once per sequence."""
 import numpy as np
@@ -55,6 +56,23 @@ def test_packed_sequences_agree_with_the_float64_reference():
         ref, bound, _, _ = mha_reference(s[None], s[None], s[None], w, H)
         assert_within(y[None, at:at + len(s)], ref, bound, f"sequence {i}")
         at += len(s)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scalar_backend_runs_the_reference_on_each_sequence(causal):
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer = mha.MultiheadAttention(E, H, num_kv_heads=Hkv, head_dim=d, rope_theta=10000.0, **weights(E, H, Hkv, d))
+    lens = [9, 0, 3, 21]
+    seqs = [rand(n, E) for n in lens]
+    y, _ = layer(np.concatenate(seqs), seq_lens=lens, is_causal=causal, backend="scalar")
+    at = 0
+    for s in seqs:
+        if len(s):
+            alone, _ = layer(s[None], is_causal=causal, backend="scalar")
+            np.testing.assert_array_equal(y[at:at + len(s)], alone[0])
+        at += len(s)
+    with pytest.raises(ValueError, match="backend"):
+        layer(np.concatenate(seqs), seq_lens=lens, backend="fast")
 
 
 def test_packed_refusals():
