@@ -562,18 +562,26 @@ def replace_attention(model, *, window=None, softcap=None, sinks=None, alibi_slo
     parameters) and subclasses of nn.MultiheadAttention are left as they are.
 
     Score modifiers given (window=, softcap=, sinks=, alibi_slopes=) apply to every module swapped; modules that
-    already ran mha keep their own. They are checked against each swapped module's num_heads before it is
-    swapped (a failing check raises and leaves that module and the rest of the model as they were)."""
+    already ran mha keep their own. They are checked against every module to be swapped (its num_heads) before
+    any is: a failing check raises ValueError / TypeError and leaves the whole model as it was."""
     modifiers = {k: v for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes)) if v is not None}
+    if modifiers:
+        for m in model.modules():
+            if m is not model and type(m) is nn.MultiheadAttention and _unsupported(m) is None:
+                _score_modifiers(m.num_heads, window, softcap, sinks, alibi_slopes)
+    return _replace_attention(model, modifiers)
+
+
+def _replace_attention(model, modifiers):
     if type(model) is nn.TransformerEncoderLayer and _mha_runnable(model.self_attn):
-        return TransformerEncoderLayer.convert(model, **modifiers) + replace_attention(model, **modifiers)
+        return TransformerEncoderLayer.convert(model, **modifiers) + _replace_attention(model, modifiers)
     count = 0
     for name, child in list(model.named_children()):
         if type(child) is nn.MultiheadAttention and _unsupported(child) is None:
             setattr(model, name, MultiheadAttention.from_torch(child, **modifiers))
             count += 1
         else:
-            count += replace_attention(child, **modifiers)
+            count += _replace_attention(child, modifiers)
     return count
 
 

@@ -210,11 +210,11 @@ def test_encoder_layer_and_replace_attention_pass_them_on():
     nested = enc(torch.nested.nested_tensor(seqs), is_causal=True).unbind()
     for s, o in zip(seqs, nested):
         assert torch.equal(o, enc(s[None], is_causal=True)[0])
-    # A bad keyword leaves the model as it was.
-    model2 = nn.Sequential(nn.MultiheadAttention(E, H))
+    # Sinks that fit the first module (4 heads) but not the second (8): nothing is swapped.
+    model2 = nn.Sequential(nn.MultiheadAttention(E, H), nn.MultiheadAttention(E, 8))
     with pytest.raises(ValueError, match="sinks"):
-        mt.replace_attention(model2, sinks=np.zeros(5, np.float32))
-    assert type(model2[0]) is nn.MultiheadAttention
+        mt.replace_attention(model2, sinks=np.zeros(H, np.float32))
+    assert type(model2[0]) is nn.MultiheadAttention and type(model2[1]) is nn.MultiheadAttention
 
 
 @torch.no_grad()
