@@ -5,7 +5,8 @@
 //   shapes that take the decode, grouped and materialized paths, 1 / 2 / 3 threads, any sequence order;
 //   f32 steps against the float64 evaluation of each sequence from its own token history (decode_test_util.hpp);
 //   fork and copy-on-write, truncate / free / reuse of blocks (non-consecutive, reused ids), pool exhaustion
-//   mid-step (nothing changed), the refusals; one StepPlan for every layer of a model (= each layer planning
+//   mid-step (nothing changed, both backends), the refusals; Backend::scalar = the contiguous cache's scalar
+//   forward on each sequence (bitwise) and within the float64 bound; one StepPlan for every layer of a model (= each layer planning
 //   its own step), plans that do not fit refused; level 2 with caller-made block tables.
 #include <gtest/gtest.h>
 
@@ -66,7 +67,7 @@ using StepOutputs = std::vector<std::vector<std::vector<float>>>;
 
 // Each sequence alone in its own contiguous KVCache (B = 1), fed the same chunks in the same order.
 StepOutputs run_alone(const mha::MultiheadAttention& m, const DecoderLayer& layer, const std::vector<std::vector<float>>& x,
-                      mha::DataType type, std::vector<mha::KVCache>* caches = nullptr) {
+                      mha::DataType type, std::vector<mha::KVCache>* caches = nullptr, mha::Backend backend = mha::Backend::simd) {
     const std::size_t E = layer.E;
     std::vector<mha::KVCache> local;
     std::vector<mha::KVCache>& c = caches ? *caches : local;
@@ -80,7 +81,9 @@ StepOutputs run_alone(const mha::MultiheadAttention& m, const DecoderLayer& laye
             std::vector<float> y(p.q * E, kNaN);
             mha::AttentionInputs in;
             in.query = mha::ConstBatch(x[p.seq].data() + at[p.seq] * E, 1, p.q, E);
-            m.forward(in, {mha::Batch(y.data(), 1, p.q, E)}, {}, c[p.seq]);
+            mha::ForwardOptions opt;
+            opt.backend = backend;
+            m.forward(in, {mha::Batch(y.data(), 1, p.q, E)}, opt, c[p.seq]);
             at[p.seq] += p.q;
             out.back().push_back(std::move(y));
         }
@@ -90,7 +93,8 @@ StepOutputs run_alone(const mha::MultiheadAttention& m, const DecoderLayer& laye
 
 // The steps through one paged cache; `order` permutes the parts of every step (their rows are packed in that order).
 StepOutputs run_paged(const mha::MultiheadAttention& m, const DecoderLayer& layer, const std::vector<std::vector<float>>& x,
-                      mha::PagedKVCache& cache, std::vector<std::size_t>& ids, int threads, bool reversed = false) {
+                      mha::PagedKVCache& cache, std::vector<std::size_t>& ids, int threads, bool reversed = false,
+                      mha::Backend backend = mha::Backend::simd) {
     const std::size_t E = layer.E;
     ids.clear();
     for (std::size_t s = 0; s < kSequences; ++s) ids.push_back(cache.add_sequence());
@@ -113,7 +117,7 @@ StepOutputs run_paged(const mha::MultiheadAttention& m, const DecoderLayer& laye
         const std::size_t T = packed.size() / E;
         std::vector<float> y(T * E, kNaN);
         m.forward_step(mha::ConstMatrix(packed.data(), T, E), mha::Matrix(y.data(), T, E), cache, seq_ids.data(), q_lens.data(),
-                       seq_ids.size(), threads);
+                       seq_ids.size(), threads, backend);
         out.emplace_back(step.size());
         std::size_t row = 0;
         for (std::size_t k : order) {
@@ -158,10 +162,11 @@ std::vector<float> contiguous_rows(const mha::KVCache& c, std::size_t b, std::si
 
 // A sequence's rows of a step, given the whole step (sequence ids and q_lens), the tokens packed in order.
 std::vector<float> step_rows(const mha::MultiheadAttention& m, mha::PagedKVCache& c, const std::vector<std::size_t>& ids,
-                             const std::vector<std::size_t>& q_lens, const std::vector<float>& x, std::size_t E) {
+                             const std::vector<std::size_t>& q_lens, const std::vector<float>& x, std::size_t E,
+                             mha::Backend backend = mha::Backend::simd) {
     const std::size_t T = x.size() / E;
     std::vector<float> y(T * E, kNaN);
-    m.forward_step(mha::ConstMatrix(x.data(), T, E), mha::Matrix(y.data(), T, E), c, ids.data(), q_lens.data(), ids.size());
+    m.forward_step(mha::ConstMatrix(x.data(), T, E), mha::Matrix(y.data(), T, E), c, ids.data(), q_lens.data(), ids.size(), 0, backend);
     return y;
 }
 
@@ -291,6 +296,8 @@ TEST(PagedKVCache, StepsAgreeWithAFloat64EvaluationOfEachSequence) {
     const DecoderLayer layer(sh.E, sh.H, sh.Hkv, sh.d, mha::RopeConfig{}, true, true, 905);
     const mha::MultiheadAttention m = layer.make();
     const std::vector<std::vector<float>> x = token_rows(sh.E, 79);
+    for (mha::Backend backend : {mha::Backend::simd, mha::Backend::scalar}) {
+    SCOPED_TRACE(backend == mha::Backend::simd ? "simd" : "scalar");
     mha::PagedKVCache cache(64, 16, sh.Hkv, sh.d);
     std::vector<std::size_t> ids;
     for (std::size_t s = 0; s < kSequences; ++s) ids.push_back(cache.add_sequence());
@@ -318,7 +325,7 @@ TEST(PagedKVCache, StepsAgreeWithAFloat64EvaluationOfEachSequence) {
         const std::size_t T = packed.size() / sh.E;
         std::vector<float> y(T * sh.E, kNaN);
         m.forward_step(mha::ConstMatrix(packed.data(), T, sh.E), mha::Matrix(y.data(), T, sh.E), cache, seq_ids.data(), q_lens.data(),
-                       seq_ids.size());
+                       seq_ids.size(), 0, backend);
         std::size_t row = 0;
         for (std::size_t k = 0; k < step.size(); ++k) {
             const std::vector<float> got(y.begin() + std::ptrdiff_t(row * sh.E), y.begin() + std::ptrdiff_t((row + step[k].q) * sh.E));
@@ -328,6 +335,48 @@ TEST(PagedKVCache, StepsAgreeWithAFloat64EvaluationOfEachSequence) {
             row += step[k].q;
         }
     }
+    }
+}
+
+// Backend::scalar: each sequence through the reference of cached decoding, so a step's rows are bitwise those of
+// the contiguous KVCache's scalar forward on each sequence alone (outputs and cached rows), for every element
+// type, block size, order and thread count, with RoPE, GQA and MHA; and bf16 compute likewise.
+TEST(PagedKVCache, ScalarBackendStepsEqualTheContiguousCacheReference) {
+    for (const Shape& sh : kShapes) {
+        const DecoderLayer layer(sh.E, sh.H, sh.Hkv, sh.d, mha::RopeConfig{}, true, true, 921);
+        const mha::MultiheadAttention m = layer.make();
+        const std::vector<std::vector<float>> x = token_rows(sh.E, 83);
+        for (mha::DataType type : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16, mha::DataType::int8,
+                                   mha::DataType::fp8_e4m3, mha::DataType::fp8_e5m2}) {
+            std::vector<mha::KVCache> alone_caches;
+            const StepOutputs alone = run_alone(m, layer, x, type, &alone_caches, mha::Backend::scalar);
+            for (std::size_t bs : {16u, 256u}) {
+                SCOPED_TRACE("H " + std::to_string(sh.H) + ", type " + std::string(mha::data_type_name(type)) + ", block_size " +
+                             std::to_string(bs));
+                mha::PagedKVCache cache(64, bs, sh.Hkv, sh.d, type);
+                std::vector<std::size_t> ids;
+                expect_same(run_paged(m, layer, x, cache, ids, bs == 16 ? 1 : 3, bs == 16, mha::Backend::scalar), alone, "scalar");
+                for (std::size_t s = 0; s < kSequences; ++s)
+                    for (std::size_t h = 0; h < sh.Hkv; ++h) {
+                        EXPECT_TRUE(same_bits(paged_rows(cache, ids[s], h, false), contiguous_rows(alone_caches[s], 0, h, false)));
+                        EXPECT_TRUE(same_bits(paged_rows(cache, ids[s], h, true), contiguous_rows(alone_caches[s], 0, h, true)));
+                    }
+            }
+        }
+    }
+    DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 923);
+    mha::AttentionConfig c;
+    c.embed_dim = 64, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 16, c.rope = layer.rope, c.compute = mha::DataType::bf16;
+    mha::AttentionWeights w;
+    w.q_proj_weight = layer.wq.data(), w.k_proj_weight = layer.wk.data(), w.v_proj_weight = layer.wv.data();
+    w.out_proj_weight = layer.wo.data();
+    w.q_proj_bias = layer.bq.data(), w.k_proj_bias = layer.bk.data(), w.v_proj_bias = layer.bv.data(), w.out_proj_bias = layer.bo.data();
+    const mha::MultiheadAttention m(w, c);
+    const std::vector<std::vector<float>> x = token_rows(64, 93);
+    const StepOutputs alone = run_alone(m, layer, x, mha::DataType::bf16, nullptr, mha::Backend::scalar);
+    mha::PagedKVCache cache(32, 32, 2, 16, mha::DataType::bf16);
+    std::vector<std::size_t> ids;
+    expect_same(run_paged(m, layer, x, cache, ids, 2, false, mha::Backend::scalar), alone, "bf16 compute, scalar");
 }
 
 TEST(PagedKVCache, ForkSharesBlocksAndCopiesOnWrite) {
@@ -438,14 +487,17 @@ TEST(PagedKVCache, ExhaustionAndBadStepsChangeNothing) {
     auto refused = [&](const std::vector<std::size_t>& ids, const std::vector<std::size_t>& q, std::size_t T, const std::string& words) {
         const std::vector<float> x = uniform(T * E, 1.0f, 8);
         std::vector<float> y(T * E, 7.0f);
-        try {
-            m.forward_step(mha::ConstMatrix(x.data(), T, E), mha::Matrix(y.data(), T, E), c, ids.data(), q.data(), ids.size());
-            ADD_FAILURE() << "accepted: " << words;
-        } catch (const mha::invalid_argument& e) {
-            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+        for (mha::Backend backend : {mha::Backend::simd, mha::Backend::scalar}) {
+            try {
+                m.forward_step(mha::ConstMatrix(x.data(), T, E), mha::Matrix(y.data(), T, E), c, ids.data(), q.data(), ids.size(), 0,
+                               backend);
+                ADD_FAILURE() << "accepted: " << words;
+            } catch (const mha::invalid_argument& e) {
+                EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+            }
+            EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
+            unchanged();
         }
-        EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
-        unchanged();
     };
     // a needs 2 more blocks (to 60 tokens), b 1 more: 3 > 1 free.
     refused({b, a}, {10, 40}, 50, "has 1 free blocks but this step needs 3");

@@ -735,6 +735,29 @@ TEST(PagedWindowRelease, GenerationKeepsWindowMemoryAndTheSameBits) {
     });
 }
 
+// The scalar backend over released blocks: their rows (NaN in copy_keys) stay out of the reference's sums.
+TEST(PagedWindowRelease, ScalarBackendGivesTheSameBitsAfterRelease) {
+    const long long left = 39;
+    const Mods mods{left, -1, 0.0f, sinks_for(4, 74), {}};
+    const mha_decode_test::DecoderLayer dl(64, 4, 2, 16, mha::RopeConfig{}, true, false, 75);
+    const mha::MultiheadAttention m = make_layer(dl, mha::DataType::f32, mods);
+    const std::size_t E = 64, bs = 16, prompt = 50, steps = 40;
+    const std::vector<float> x = mha_decode_test::uniform((prompt + steps) * E, 1.0f, 76);
+    mha::PagedKVCache kept(16, bs, 2, 16), freed(16, bs, 2, 16);
+    const std::size_t a = kept.add_sequence(), b = freed.add_sequence();
+    for (std::size_t t = 0; t < prompt + steps;) {
+        const std::size_t q = t == 0 ? prompt : 1;
+        std::vector<float> ya(q * E, kNaN), yb(q * E, kNaN);
+        m.forward_step(mha::ConstMatrix(x.data() + t * E, q, E, E), mha::Matrix(ya.data(), q, E, E), kept, &a, &q, 1, 0, mha::Backend::scalar);
+        m.forward_step(mha::ConstMatrix(x.data() + t * E, q, E, E), mha::Matrix(yb.data(), q, E, E), freed, &b, &q, 1, 0, mha::Backend::scalar);
+        ASSERT_TRUE(mha_decode_test::same_bits(ya, yb)) << "token " << t;
+        ASSERT_FALSE(std::isnan(yb[0])) << "token " << t;
+        t += q;
+        freed.release_before(b, t - std::size_t(left));
+    }
+    EXPECT_GT(freed.released_tokens(b), 0u);
+}
+
 TEST(PagedWindowRelease, RefusalsChangeNothing) {
     const mha_decode_test::DecoderLayer dl(64, 4, 2, 16, std::nullopt, false, false, 81);
     const mha::MultiheadAttention windowed = make_layer(dl, mha::DataType::f32, Mods{31, -1, 0.0f, {}, {}});

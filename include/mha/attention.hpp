@@ -303,8 +303,11 @@ public:
     // length or output written): an id not in the cache or given twice, q_lens[i] = 0, T != Σ q_lens, shapes,
     // and a pool short of blocks (the message names the blocks needed and free). Lengths advance only when
     // the step succeeds. Results are batch invariant (see mha/paged_kv_cache.hpp). threads: 0 = all cores.
+    // backend: Backend::scalar runs each sequence alone through the scalar reference of cached decoding (what
+    // forward(..., KVCache&) with Backend::scalar computes for the same rows), after the same validation and
+    // block reservation; every output and row is computed before anything is written (threads then unused).
     void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
-                      const std::size_t* q_lens, std::size_t sequences, int threads = 0) const;
+                      const std::size_t* q_lens, std::size_t sequences, int threads = 0, Backend backend = Backend::simd) const;
     // A batch of independent sequences of different lengths without padding or a cache (flash-attention's
     // varlen call; mha.torch runs nested tensors here): x [T, E] holds sequence i's tokens at rows
     // [seq_starts[i], seq_starts[i + 1]) for i < sequences (seq_starts [sequences + 1]: 0 = seq_starts[0] <=
@@ -315,14 +318,16 @@ public:
     // of forward on that sequence alone ([1, L, E], the same causal flag), whatever sequences are beside it,
     // in any order, with any thread count. mha::invalid_argument (nothing written) for bad shapes or starts.
     // backend: Backend::scalar runs each sequence alone through the scalar reference (forward with
-    // Backend::scalar on [1, L, E]), one after the other, after the same validation.
+    // Backend::scalar on [1, L, E]), one after the other, after the same validation, into a buffer copied to y
+    // at the end (a failure, std::bad_alloc included, writes nothing).
     void forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
                         bool causal = false, int threads = 0, Backend backend = Backend::simd) const;
     // The same step given its plan (mha/step_plan.hpp), made once for all layers of a model: the sequences
     // are the plan's, x and y [plan.tokens(), E]. Also refused (nothing changed): a plan made for a layer of
     // another configuration, or for a cache state this cache is not in (another block size, KV heads or head
-    // dim, a sequence missing or at another length: e.g. this cache already took the step).
-    void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan) const;
+    // dim, a sequence missing or at another length: e.g. this cache already took the step). backend as above.
+    void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan,
+                      Backend backend = Backend::simd) const;
     // The same computations on 16-bit activations (HalfAttentionInputs above); the cache overload appends the
     // new tokens as the fp32 one does.
     void forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& options = {}) const;

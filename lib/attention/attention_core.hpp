@@ -42,7 +42,7 @@ inline constexpr std::size_t kGroupRows = 128;
 inline constexpr std::size_t kKeyTile = 256;
 // Where a query block's first key tile starts: its first visible key rounded down to this (every fp32 and
 // bf16 panel width divides it), not to kKeyTile, so a sliding window's left edge computes at most 31 hidden
-// keys per row instead of up to 255 (4 % of the pairs at window 4096).
+// keys per row instead of up to 255 (about 3.5 % of the pairs at window 4096, docs/score-modifiers.md).
 inline constexpr std::size_t kKeyTileAlign = 32;
 // automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
 inline constexpr std::size_t kFusedMinKeys = 1024;

@@ -309,12 +309,13 @@ void check_packed_rows(const ConstMatrix& x, const Matrix& y, std::size_t T, std
 }  // namespace
 
 void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
-                                      const std::size_t* q_lens, std::size_t sequences, int threads) const {
+                                      const std::size_t* q_lens, std::size_t sequences, int threads, Backend backend) const {
     const StepPlan plan(*this, cache, seq_ids, q_lens, sequences, threads);
-    forward_step(x, y, cache, plan);
+    forward_step(x, y, cache, plan, backend);
 }
 
-void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan) const {
+void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan,
+                                      Backend backend) const {
     const detail::LayerState& st = state_of(state_);
     if (!plan.data_) fail("the step plan was moved from");
     const detail::StepPlanData& p = *plan.data_;
@@ -338,6 +339,7 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
                  (mods.window_left < 0 ? std::string("is unbounded on the left")
                                        : "reaches back to position " + std::to_string(static_cast<long long>(past) - mods.window_left)));
     }
+    if (backend == Backend::scalar) return detail::reference_step(st, x, y, cache, r);
     simd_forward_step(st, p.layout, x, y, cache, r);
 }
 
@@ -360,12 +362,16 @@ void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, c
     one.causal = causal;
     one.backend = Backend::scalar;
     one.threads = threads;
+    // Into a buffer first: an allocation failing in a later sequence leaves y as it was.
+    const std::size_t E = st.E;
+    std::vector<float> out(T * E);
     for (std::size_t i = 0; i < sequences; ++i) {
         const std::size_t r0 = seq_starts[i], q = seq_starts[i + 1] - r0;
         if (q == 0) continue;
-        const ConstBatch xs(x.row(r0), 1, q, st.E, x.stride, q * x.stride);
-        forward(AttentionInputs::self_attention(xs), AttentionOutputs{Batch(y.row(r0), 1, q, st.E, y.stride, q * y.stride)}, one);
+        const ConstBatch xs(x.row(r0), 1, q, E, x.stride, q * x.stride);
+        forward(AttentionInputs::self_attention(xs), AttentionOutputs{Batch(out.data() + r0 * E, 1, q, E, E, q * E)}, one);
     }
+    for (std::size_t t = 0; t < T; ++t) std::copy_n(out.data() + t * E, E, y.row(t));
 }
 
 StepPlan::StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids, const std::size_t* q_lens,

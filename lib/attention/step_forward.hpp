@@ -48,4 +48,8 @@ struct StepPlanData {
 void run_step(const LayerState& st, const StepLayout& l, const LayerCall& call, float* scratch, const KVRows& keys,
               const KVRows& values, const StepReservation& r);
 
+// The scalar backend (step_reference.cpp): each sequence alone through reference::cached_attention, then the
+// new rows written, y filled and the step committed. Any failure comes before a write.
+void reference_step(const LayerState& st, const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepReservation& r);
+
 }  // namespace mha::detail

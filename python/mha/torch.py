@@ -131,11 +131,15 @@ def _modifier_value(v):
     return v
 
 
+def _given_modifiers(window, softcap, sinks, alibi_slopes):
+    """The score modifiers given (None: absent), by name, as the library takes them (_modifier_value)."""
+    return {k: _modifier_value(v) for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes)) if v is not None}
+
+
 def _score_modifiers(heads, window, softcap, sinks, alibi_slopes):
     """The score modifiers given (None: absent) as keyword arguments for the library's layer, checked for a layer
     of `heads` query heads: ValueError / TypeError with the library's message, as its constructor would raise."""
-    given = {k: _modifier_value(v) for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes))
-             if v is not None}
+    given = _given_modifiers(window, softcap, sinks, alibi_slopes)
     _mha._check_modifiers(heads, **given)
     return given
 
@@ -564,7 +568,7 @@ def replace_attention(model, *, window=None, softcap=None, sinks=None, alibi_slo
     Score modifiers given (window=, softcap=, sinks=, alibi_slopes=) apply to every module swapped; modules that
     already ran mha keep their own. They are checked against every module to be swapped (its num_heads) before
     any is: a failing check raises ValueError / TypeError and leaves the whole model as it was."""
-    modifiers = {k: v for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes)) if v is not None}
+    modifiers = _given_modifiers(window, softcap, sinks, alibi_slopes)
     if modifiers:
         for m in model.modules():
             if m is not model and type(m) is nn.MultiheadAttention and _unsupported(m) is None:
@@ -683,7 +687,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise TypeError(f"{n} is on {t.device}; mha runs on the CPU")
         else:
             arrays.append(t.detach().numpy())
-    modifiers = {k: _modifier_value(v) for k, v in zip(_MODIFIERS, (window, softcap, sinks, alibi_slopes))
-                 if v is not None}
+    modifiers = _given_modifiers(window, softcap, sinks, alibi_slopes)
     return torch.from_numpy(_np_sdpa(*arrays[:3], attn_mask=arrays[3], is_causal=is_causal, scale=scale,
                                      enable_gqa=enable_gqa, **modifiers))

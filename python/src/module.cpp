@@ -546,13 +546,14 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
         const mha::Matrix ov(static_cast<float*>(o.mutable_data()), T, E, stride_of(o, 0, E));
         auto& pc = cache_arg.cast<PyPagedKVCache&>();
         const int th = parse_threads(threads);
+        const mha::Backend step_backend = parse_backend(backend);
         {
             PagedUse use(pc);
             py::gil_scoped_release release;
             if (plan != nullptr)
-                self.layer.forward_step(xv, ov, pc.cache, plan->plan);
+                self.layer.forward_step(xv, ov, pc.cache, plan->plan, step_backend);
             else
-                self.layer.forward_step(xv, ov, pc.cache, ids.data(), ql.data(), ids.size(), th);
+                self.layer.forward_step(xv, ov, pc.cache, ids.data(), ql.data(), ids.size(), th, step_backend);
         }
         return py::make_tuple(o, py::none());
     }
@@ -771,7 +772,8 @@ PYBIND11_MODULE(_mha, m) {
         "        cache=None, seq_ids=None, q_lens=None, plan=None, seq_lens=None) -> (output, weights or None)\n"
         "With cache=PagedKVCache: query [T, E] float32 holds the next q_lens[i] tokens of sequence seq_ids[i], packed\n"
         "in that order (T = sum(q_lens)); returns (y [T, E], None). plan=StepPlan(...) instead of seq_ids and q_lens:\n"
-        "the step planned once for every layer of a model.\n"
+        "the step planned once for every layer of a model. backend='scalar' runs each sequence alone through the\n"
+        "reference of cached decoding.\n"
         "With seq_lens=[...]: query [T, E] float32 packs independent sequences of those lengths (no padding, no cache;\n"
         "is_causal applies per sequence, RoPE positions restart per sequence; backend='scalar' runs the reference on\n"
         "each sequence alone); returns (y [T, E], None).";

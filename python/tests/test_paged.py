@@ -134,6 +134,40 @@ def test_errors_change_nothing():
         mha.PagedKVCache(4, 16, Hkv, d, dtype="f64")
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
+def test_scalar_backend_steps_equal_the_kv_cache_reference(dtype):
+    """backend='scalar' runs each sequence through the reference of cached decoding: bitwise the contiguous
+    KVCache's scalar forward on each sequence alone (outputs and cached rows), with or without a plan; the SIMD
+    step stays within the float64 bound; an unknown backend is refused with nothing changed."""
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, w = make_layer(E, H, Hkv, d)
+    tokens = [rand(n, E) for n in (21, 6)]
+    cache = mha.PagedKVCache(8, 16, Hkv, d, dtype=dtype)
+    ids = [cache.add_sequence() for _ in tokens]
+    alone = [mha.KVCache(1, Hkv, d, len(t), dtype=dtype) for t in tokens]
+    at = [0, 0]
+    for k, step in enumerate([[(0, 17), (1, 5)], [(1, 1), (0, 1)], [(0, 3)]]):
+        x = np.concatenate([tokens[s][at[s]:at[s] + q] for s, q in step])
+        sids, qs = [ids[s] for s, _ in step], [q for _, q in step]
+        if k == 1:
+            y, _ = layer(x, cache=cache, plan=mha.StepPlan(layer, cache, sids, qs), backend="scalar")
+        else:
+            y, _ = layer(x, cache=cache, seq_ids=sids, q_lens=qs, backend="scalar")
+        row = 0
+        for s, q in step:
+            want, _ = layer(tokens[s][None, at[s]:at[s] + q], cache=alone[s], backend="scalar")
+            np.testing.assert_array_equal(y[row:row + q], want[0])
+            row += q
+            at[s] += q
+    for s, t in enumerate(tokens):
+        np.testing.assert_array_equal(cache.keys(ids[s]), mha_cache_rows(alone[s], True, len(t)))
+        np.testing.assert_array_equal(cache.values(ids[s]), mha_cache_rows(alone[s], False, len(t)))
+    free, length = cache.free_blocks, cache.length(ids[0])
+    with pytest.raises(ValueError, match="backend"):
+        layer(rand(1, E), cache=cache, seq_ids=[ids[0]], q_lens=[1], backend="fast")
+    assert cache.free_blocks == free and cache.length(ids[0]) == length
+
+
 def test_one_step_plan_for_every_layer():
     """A two-layer model, a cache per layer: one StepPlan per step given to both layers equals each layer
     planning its own step (bitwise); a plan used twice on one cache, or with the wrong arguments, is refused."""
