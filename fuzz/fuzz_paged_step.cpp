@@ -9,7 +9,8 @@
 // bitwise equal to a forward of the same tokens on its shadow alone (batch invariance, paged = contiguous),
 // and leave the cached rows equal to the shadow's; a step that fails must throw mha::invalid_argument and
 // change nothing: output, lengths, free blocks, rows. Half the steps go through a mha::StepPlan made first,
-// which the cache must then refuse for a second step (nothing changed).
+// which the cache must then refuse for a second step (nothing changed); a quarter run Backend::scalar (and
+// their shadows too).
 // Level 2: random block tables over a caller's pool (ids in any order, sometimes out of range, tables too
 // short, queries past the keys): a valid call must match scaled_dot_product_attention on the same keys held
 // contiguously (bitwise), an invalid one throw and leave the output untouched.
@@ -202,14 +203,17 @@ void level1(FuzzedDataProvider& fdp, std::mt19937& rng) {
         for (std::size_t s : ids) keys_before.push_back(rows_of(cache, s, false));
         bool threw = false;
         const bool planned = fdp.ConsumeBool();  // through a StepPlan made first (as a model's layers share one)
+        // A quarter of the steps on the scalar backend (the reference per sequence; its shadow likewise).
+        const mha::Backend backend = fdp.ConsumeIntegralInRange<int>(0, 3) == 0 ? mha::Backend::scalar : mha::Backend::simd;
         std::unique_ptr<mha::StepPlan> plan;
         try {
             if (planned) {
                 plan = std::make_unique<mha::StepPlan>(layer.m, cache, seq.data(), q.data(), seq.size(), threads);
-                layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, *plan);
+                layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, *plan,
+                                     backend);
             } else {
                 layer.m.forward_step(mha::ConstMatrix(x.data(), rows, shape.E), mha::Matrix(y.data(), rows, shape.E), cache, seq.data(),
-                                     q.data(), seq.size(), threads);
+                                     q.data(), seq.size(), threads, backend);
             }
         } catch (const mha::invalid_argument& e) {
             threw = true;
@@ -249,7 +253,9 @@ void level1(FuzzedDataProvider& fdp, std::mt19937& rng) {
             std::vector<float> want(q[i] * shape.E, kSentinel);
             mha::AttentionInputs in;
             in.query = mha::ConstBatch(x.data() + row * shape.E, 1, q[i], shape.E);
-            layer.m.forward(in, {mha::Batch(want.data(), 1, q[i], shape.E)}, {}, *shadow[seq[i]]);
+            mha::ForwardOptions opt;
+            opt.backend = backend;
+            layer.m.forward(in, {mha::Batch(want.data(), 1, q[i], shape.E)}, opt, *shadow[seq[i]]);
             const std::vector<float> got(y.begin() + std::ptrdiff_t(row * shape.E), y.begin() + std::ptrdiff_t((row + q[i]) * shape.E));
             if (!same_bits(got, want)) fail("sequence " + std::to_string(seq[i]) + ": the step's rows differ from the sequence alone");
             row += q[i];
