@@ -650,17 +650,22 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
     const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
     for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
         const std::size_t m_end = min_size(M, m0 + MQ);
-        const bool prefetch = (m_end - m0 + QB - 1) / QB > kScoresPrefetchTiles;
+        const std::size_t query_tiles = (m_end - m0 + QB - 1) / QB;
+        const bool prefetch = query_tiles > kScoresPrefetchTiles;
+        const std::size_t ahead_share = (KB + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
         for (std::size_t j = 0; j < n; j += KB) {
             const std::size_t kr = min_size(KB, n - j);
             const E* kj = k.data + j * k.stride;
             if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
-                read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
                 if (prefetch)
                     for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
                         prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
             }
             for (std::size_t m = m0; m < m_end; m += QB) {
+                if (m0 == 0 && d != 0) {  // the block's read-ahead, a share per query tile
+                    const std::size_t a0 = min_size((m - m0) / QB * ahead_share, kr), a1 = min_size(a0 + ahead_share, kr);
+                    read_ahead<Arch>(stream, j + stream.distance + a0, j + stream.distance + a1);
+                }
                 const std::size_t qr = min_size(QB, m_end - m);
                 const float* qm = q.data + m * q.stride;
                 float* sm = s.data + m * s.stride + j;
@@ -699,15 +704,17 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
         // The next chunk's rows, prefetched a share per tile when compute-bound.
         const std::size_t next = few || j0 + J >= n ? 0 : min_size(J, n - j0 - J);
         const std::size_t share = (next + tiles - 1) / tiles;
+        const std::size_t ahead_share = (jn + tiles - 1) / tiles;  // rows each tile reads ahead
         std::size_t t = 0;  // tiles of this chunk so far
         auto plan = [&]() {
             RowPlan<Arch> rp;
             rp.ld = v.stride * sizeof(E);
             rp.bytes = row_storage_bytes<E>(d);
-            if (t == 0) {  // the first tile reads ahead as far past its rows as the chunk is long
+            {  // the chunk's read-ahead (as many rows as it has), a share per tile
+                const std::size_t a0 = min_size(t * ahead_share, jn);
                 rp.stream = &stream;
-                rp.ahead_first = j0 + stream.distance;
-                rp.n_ahead = jn;
+                rp.ahead_first = j0 + stream.distance + a0;
+                rp.n_ahead = min_size(ahead_share, jn - a0);
             }
             const std::size_t first = min_size(t * share, next);
             rp.n_prefetch = min_size(min_size(share, next - first), jn);
