@@ -506,6 +506,20 @@ TEST(PagedKVCache, ExhaustionAndBadStepsChangeNothing) {
     refused({a, b}, {1, 1}, 3, "T = sum of q_lens");
     refused({a, 9}, {1, 1}, 2, "sequence 9 is not in this paged KV cache");
     refused({}, {}, 1, "at least one sequence");
+    {  // a Backend value that is neither scalar nor simd
+        const std::vector<float> x = uniform(2 * E, 1.0f, 8);
+        std::vector<float> y(2 * E, 7.0f);
+        const std::vector<std::size_t> ids = {a, b}, q = {1, 1};
+        try {
+            m.forward_step(mha::ConstMatrix(x.data(), 2, E), mha::Matrix(y.data(), 2, E), c, ids.data(), q.data(), 2, 0,
+                           static_cast<mha::Backend>(7));
+            ADD_FAILURE() << "backend 7 accepted";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("backend 7 is not scalar or simd"), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
+        unchanged();
+    }
     // The same step fits once blocks are freed.
     c.free_sequence(b);
     const std::vector<float> x = uniform(40 * E, 1.0f, 9);

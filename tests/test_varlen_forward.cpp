@@ -212,6 +212,17 @@ TEST(ForwardVarlen, EmptyBatchesAndRefusals) {
     refused({1, 3}, 1, 2, "seq_starts[0] is 1 but must be 0");
     refused({0, 4, 2}, 2, 2, "seq_starts[2] = 2 is below seq_starts[1] = 4");
     refused({0, 2, 6}, 2, 5, "T = seq_starts[sequences]");
+    {  // a Backend value that is neither scalar nor simd
+        std::vector<float> y(6 * E, 7.0f);
+        const std::size_t starts[] = {0, 6};
+        try {
+            m.forward_varlen(mha::ConstMatrix(x.data(), 6, E), mha::Matrix(y.data(), 6, E), starts, 1, false, 0, static_cast<mha::Backend>(7));
+            ADD_FAILURE() << "backend 7 accepted";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("backend 7 is not scalar or simd"), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
+    }
     EXPECT_THROW(m.forward_varlen(mha::ConstMatrix(x.data(), 6, E), mha::Matrix(const_cast<float*>(x.data()), 6, E),
                                   std::vector<std::size_t>{0, 6}.data(), 1),
                  mha::invalid_argument);  // y overlaps x

@@ -279,34 +279,6 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
         cache->append(b, ConstHeads(k[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d));
 }
 
-namespace {
-
-// The checks the packed entry points share: a self-attention layer, the cache's heads, x and y [T, E].
-void check_self_attention(const detail::LayerState& st, const char* what) {
-    if (st.kdim != st.E || st.vdim != st.E)
-        fail(std::string(what) + " needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
-             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
-}
-
-void check_cache_heads(const PagedKVCache& cache, const detail::LayerState& st) {
-    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
-        fail("the paged cache holds " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
-             " but this layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
-}
-
-// x and y [T, E], y not overlapping x; T = 0 takes any (even null) views.
-void check_packed_rows(const ConstMatrix& x, const Matrix& y, std::size_t T, std::size_t E, const char* what_T) {
-    if (x.rows != T || x.cols != E)
-        fail("x is " + detail::shape_str(x.rows, x.cols) + " but must be [T, E] = " + detail::shape_str(T, E) + " (" + what_T + ")");
-    if (y.rows != T || y.cols != E)
-        fail("y is " + detail::shape_str(y.rows, y.cols) + " but must be [T, E] = " + detail::shape_str(T, E));
-    if (T == 0) return;
-    detail::check_matrix("x", x);
-    detail::check_matrix("y", y);
-    if (detail::overlaps(x, y)) fail("y overlaps x");
-}
-
-}  // namespace
 
 void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
                                       const std::size_t* q_lens, std::size_t sequences, int threads, Backend backend) const {
@@ -319,26 +291,7 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
     const detail::LayerState& st = state_of(state_);
     if (!plan.data_) fail("the step plan was moved from");
     const detail::StepPlanData& p = *plan.data_;
-    if (!(detail::StepLayerShape::of(st) == p.layer))
-        fail("the step plan was made for a layer of embed_dim " + std::to_string(p.layer.E) + ", " + std::to_string(p.layer.H) +
-             " heads, " + std::to_string(p.layer.Hkv) + " KV heads of dim " + std::to_string(p.layer.d) + " (RoPE dims " +
-             std::to_string(p.layer.rope_dims) + ", compute " + std::string(data_type_name(p.layer.compute)) +
-             "): this layer differs");
-    check_cache_heads(cache, st);  // the layer's shape is the plan's
-    check_packed_rows(x, y, plan.tokens(), st.E, "T = sum of q_lens");
-    const detail::StepReservation r = detail::PagedKVCacheAccess::reserve_step(cache, p.step);
-    // Released blocks (PagedKVCache::release_before) must lie before every new query's window.
-    const ScoreModifiers mods = st.modifiers();
-    for (std::size_t i = 0; i < p.step.sequences; ++i) {
-        const std::size_t id = p.step.ids[i], released = cache.released_tokens(id);
-        const std::size_t past = p.step.key_lengths[i] - (p.step.query_starts[i + 1] - p.step.query_starts[i]);
-        if (released == 0) continue;
-        if (mods.window_left < 0 || static_cast<unsigned long long>(mods.window_left) > past - released)
-            fail("sequence " + std::to_string(id) + " released the blocks of its first " + std::to_string(released) +
-                 " tokens, but this layer's window " +
-                 (mods.window_left < 0 ? std::string("is unbounded on the left")
-                                       : "reaches back to position " + std::to_string(static_cast<long long>(past) - mods.window_left)));
-    }
+    const detail::StepReservation r = detail::validate_step_call(st, p, x, y, cache, backend);
     if (backend == Backend::scalar) return detail::reference_step(st, x, y, cache, r);
     simd_forward_step(st, p.layout, x, y, cache, r);
 }
@@ -346,16 +299,7 @@ void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, Pag
 void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts, std::size_t sequences,
                                         bool causal, int threads, Backend backend) const {
     const detail::LayerState& st = state_of(state_);
-    check_self_attention(st, "forward_varlen");
-    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
-    if (seq_starts == nullptr) fail("seq_starts must not be null");
-    if (seq_starts[0] != 0) fail("seq_starts[0] is " + std::to_string(seq_starts[0]) + " but must be 0");
-    for (std::size_t i = 0; i < sequences; ++i)
-        if (seq_starts[i + 1] < seq_starts[i])
-            fail("seq_starts[" + std::to_string(i + 1) + "] = " + std::to_string(seq_starts[i + 1]) + " is below seq_starts[" +
-                 std::to_string(i) + "] = " + std::to_string(seq_starts[i]) + ": starts must not decrease");
-    const std::size_t T = seq_starts[sequences];
-    check_packed_rows(x, y, T, st.E, "T = seq_starts[sequences]");
+    const std::size_t T = detail::validate_varlen_call(st, x, y, seq_starts, sequences, threads, backend);
     if (T == 0) return;  // no token (no sequence, or only empty ones): nothing to read or write
     if (backend != Backend::scalar) return simd_forward_varlen(st, x, y, seq_starts, sequences, causal, threads);
     ForwardOptions one;  // each sequence alone through the reference: what the SIMD path must equal bitwise
@@ -377,9 +321,7 @@ void MultiheadAttention::forward_varlen(const ConstMatrix& x, const Matrix& y, c
 StepPlan::StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids, const std::size_t* q_lens,
                    std::size_t sequences, int threads) {
     const detail::LayerState& st = state_of(layer.state_);
-    check_self_attention(st, "forward_step");
-    check_cache_heads(cache, st);
-    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+    detail::validate_step_plan(st, cache, threads);
     auto data = std::make_unique<detail::StepPlanData>();
     data->layer = detail::StepLayerShape::of(st);
     data->step = detail::PagedKVCacheAccess::compose_step(cache, seq_ids, q_lens, sequences);

@@ -9,7 +9,9 @@
 #include <utility>
 
 #include "attention_core.hpp"
+#include "paged_kv_cache_access.hpp"
 #include "state.hpp"
+#include "step_forward.hpp"
 
 namespace mha::detail {
 namespace {
@@ -50,13 +52,45 @@ void check_mask_extent(const char* name, const MaskView& m) {
         checked_extent(name, m.values, n);
 }
 
+void check_backend(Backend backend) {
+    if (static_cast<unsigned>(backend) > static_cast<unsigned>(Backend::simd))
+        fail("backend " + std::to_string(static_cast<int>(backend)) + " is not scalar or simd");
+}
+
+void check_threads(int threads) {
+    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+}
+
 // The options both entry points take.
 void check_common_options(Algorithm impl, Backend backend, int threads) {
     if (static_cast<unsigned>(impl) > static_cast<unsigned>(Algorithm::fused))
         fail("impl " + std::to_string(static_cast<int>(impl)) + " is not automatic, materialized or fused");
-    if (static_cast<unsigned>(backend) > static_cast<unsigned>(Backend::simd))
-        fail("backend " + std::to_string(static_cast<int>(backend)) + " is not scalar or simd");
-    if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
+    check_backend(backend);
+    check_threads(threads);
+}
+
+// The checks the packed entry points share: a self-attention layer, the cache's heads, x and y [T, E].
+void check_self_attention(const LayerState& st, const char* what) {
+    if (st.kdim != st.E || st.vdim != st.E)
+        fail(std::string(what) + " needs a self-attention layer (kdim = vdim = embed_dim " + std::to_string(st.E) + "), not kdim " +
+             std::to_string(st.kdim) + " and vdim " + std::to_string(st.vdim));
+}
+
+void check_cache_heads(const PagedKVCache& cache, const LayerState& st) {
+    if (cache.kv_heads() != st.Hkv || cache.head_dim() != st.d)
+        fail("the paged cache holds " + std::to_string(cache.kv_heads()) + " KV heads of dim " + std::to_string(cache.head_dim()) +
+             " but this layer has " + std::to_string(st.Hkv) + " of dim " + std::to_string(st.d));
+}
+
+// x and y [T, E], y not overlapping x; T = 0 takes any (even null) views.
+void check_packed_rows(const ConstMatrix& x, const Matrix& y, std::size_t T, std::size_t E, const char* what_T) {
+    if (x.rows != T || x.cols != E)
+        fail("x is " + shape_str(x.rows, x.cols) + " but must be [T, E] = " + shape_str(T, E) + " (" + what_T + ")");
+    if (y.rows != T || y.cols != E) fail("y is " + shape_str(y.rows, y.cols) + " but must be [T, E] = " + shape_str(T, E));
+    if (T == 0) return;
+    check_matrix("x", x);
+    check_matrix("y", y);
+    if (overlaps(x, y)) fail("y overlaps x");
 }
 
 void check_causal_alignment(CausalAlignment a) {
@@ -466,6 +500,54 @@ SdpaCall validate_sdpa_call(const SdpaInputs& in, const Heads& out, const SdpaOp
         checked_extent("the scalar backend's scores", static_cast<const float*>(nullptr),
                        checked_madd(c.Lq, c.Lk, 0, "the scalar backend's", "scores"));
     return c;
+}
+
+void validate_step_plan(const LayerState& st, const PagedKVCache& cache, int threads) {
+    check_self_attention(st, "forward_step");
+    check_cache_heads(cache, st);
+    check_threads(threads);
+}
+
+StepReservation validate_step_call(const LayerState& st, const StepPlanData& p, const ConstMatrix& x, const Matrix& y,
+                                   const PagedKVCache& cache, Backend backend) {
+    check_backend(backend);
+    if (!(StepLayerShape::of(st) == p.layer))
+        fail("the step plan was made for a layer of embed_dim " + std::to_string(p.layer.E) + ", " + std::to_string(p.layer.H) +
+             " heads, " + std::to_string(p.layer.Hkv) + " KV heads of dim " + std::to_string(p.layer.d) + " (RoPE dims " +
+             std::to_string(p.layer.rope_dims) + ", compute " + std::string(data_type_name(p.layer.compute)) +
+             "): this layer differs");
+    check_cache_heads(cache, st);  // the layer's shape is the plan's
+    check_packed_rows(x, y, p.step.query_starts[p.step.sequences], st.E, "T = sum of q_lens");
+    StepReservation r = PagedKVCacheAccess::reserve_step(cache, p.step);
+    // Released blocks (PagedKVCache::release_before) must lie before every new query's window.
+    const ScoreModifiers mods = st.modifiers();
+    for (std::size_t i = 0; i < p.step.sequences; ++i) {
+        const std::size_t id = p.step.ids[i], released = cache.released_tokens(id);
+        const std::size_t past = p.step.key_lengths[i] - (p.step.query_starts[i + 1] - p.step.query_starts[i]);
+        if (released == 0) continue;
+        if (mods.window_left < 0 || static_cast<unsigned long long>(mods.window_left) > past - released)
+            fail("sequence " + std::to_string(id) + " released the blocks of its first " + std::to_string(released) +
+                 " tokens, but this layer's window " +
+                 (mods.window_left < 0 ? std::string("is unbounded on the left")
+                                       : "reaches back to position " + std::to_string(static_cast<long long>(past) - mods.window_left)));
+    }
+    return r;
+}
+
+std::size_t validate_varlen_call(const LayerState& st, const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts,
+                                 std::size_t sequences, int threads, Backend backend) {
+    check_self_attention(st, "forward_varlen");
+    check_threads(threads);
+    check_backend(backend);
+    if (seq_starts == nullptr) fail("seq_starts must not be null");
+    if (seq_starts[0] != 0) fail("seq_starts[0] is " + std::to_string(seq_starts[0]) + " but must be 0");
+    for (std::size_t i = 0; i < sequences; ++i)
+        if (seq_starts[i + 1] < seq_starts[i])
+            fail("seq_starts[" + std::to_string(i + 1) + "] = " + std::to_string(seq_starts[i + 1]) + " is below seq_starts[" +
+                 std::to_string(i) + "] = " + std::to_string(seq_starts[i]) + ": starts must not decrease");
+    const std::size_t T = seq_starts[sequences];
+    check_packed_rows(x, y, T, st.E, "T = seq_starts[sequences]");
+    return T;
 }
 
 }  // namespace mha::detail

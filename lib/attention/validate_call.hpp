@@ -1,6 +1,6 @@
 // One validation module for the public entry points of lib/attention: MultiheadAttention::forward (fp32,
-// 16-bit, with and without a KV cache), workspace_bytes, path, and scaled_dot_product_attention,
-// sdpa_workspace_bytes, sdpa_path. Each check throws mha::invalid_argument naming the argument and its values
+// 16-bit, with and without a KV cache), forward_step, forward_varlen, StepPlan, workspace_bytes, path, and
+// scaled_dot_product_attention, sdpa_workspace_bytes, sdpa_path. Each check throws mha::invalid_argument naming the argument and its values
 // (the messages are part of the tests); nothing is written before they pass.
 // A validated call comes back as one resolved description (LayerCall, SdpaCall): the shapes, whether it is
 // self-attention (key and value resolved: the legacy null key is resolved here and nowhere else), the
@@ -12,6 +12,7 @@
 #include "../core/validate.hpp"
 #include "mha/attention.hpp"
 #include "mha/kv_cache.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "mha/sdpa.hpp"
 #include "mha/workspace.hpp"
 #include "attention_core.hpp"
@@ -69,6 +70,23 @@ void check_norm_eps(const std::optional<float>& eps);
 // ScoreModifiers for H query heads: window sides >= −1, softcap finite and >= 0, sinks and slopes finite
 // ([H], readable). `owner` names the argument in messages ("modifiers" / "options.modifiers").
 void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner);
+
+// The packed entry points (forward_step, StepPlan, forward_varlen): checks of the layer, the cache, x and y.
+struct StepPlanData;     // step_forward.hpp
+struct StepReservation;  // paged_kv_cache_access.hpp
+// StepPlan's construction (before the step is composed): a self-attention layer, the cache's KV heads and head
+// dim, threads >= 0.
+void validate_step_plan(const LayerState& st, const PagedKVCache& cache, int threads);
+// forward_step given a plan: the backend, a plan made for this layer's configuration, the cache's heads, x and
+// y [plan's T, E]; then the cache's blocks reserved for the step (the cache holds the plan's sequences at their
+// lengths, the pool has the blocks: PagedKVCacheAccess::reserve_step) and released blocks before every new
+// query's window. Changes nothing.
+StepReservation validate_step_call(const LayerState& st, const StepPlanData& plan, const ConstMatrix& x, const Matrix& y,
+                                   const PagedKVCache& cache, Backend backend);
+// forward_varlen: a self-attention layer, threads, the backend, seq_starts (0 first, non-decreasing), x and y
+// [T, E]. Returns T = seq_starts[sequences].
+std::size_t validate_varlen_call(const LayerState& st, const ConstMatrix& x, const Matrix& y, const std::size_t* seq_starts,
+                                 std::size_t sequences, int threads, Backend backend);
 
 // One scaled_dot_product_attention call, resolved.
 struct SdpaCall {

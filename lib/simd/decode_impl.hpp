@@ -34,6 +34,10 @@
 //   and fetch past its end; reading ahead by prefetch measured 1.3-1.6× faster than reading each row's
 //   lines in address order just before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
 //   on contiguous rows and on blocks of 64 and 256 rows alike (bench/bench_decode.cpp, bench --op step).
+//   A block's or chunk's read-ahead is spread over its tiles (a share of its rows per query tile of scores,
+//   per tile of accumulate), not issued by the first tile alone: on AVX2 a 128-float V chunk takes 8 column
+//   tiles, and one tile's burst of 64 line prefetches left memory idle through the other seven (accumulate at
+//   M = 4 went from 5.5 to 11.9 GB/s on one AVX2 core, read_bw 12.4-14.3).
 //   Where many query tiles reuse each block or chunk the kernel is compute-bound, and the next block or
 //   chunk is also prefetched into L2 during the current one. Prefetches name no byte outside the rows.
 // Every helper is a template on Arch (or has internal linkage), so no weak symbol compiled with one
