@@ -271,15 +271,20 @@ TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
     }
 }
 
-TEST(PagedKVCache, Bf16ComputeStepsEqualTheContiguousCache) {
-    DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 903);
+// The layer of an E 64, H 8, Hkv 2, d 16 DecoderLayer with bf16 compute.
+mha::MultiheadAttention bf16_layer(const DecoderLayer& layer) {
     mha::AttentionConfig c;
     c.embed_dim = 64, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 16, c.rope = layer.rope, c.compute = mha::DataType::bf16;
     mha::AttentionWeights w;
     w.q_proj_weight = layer.wq.data(), w.k_proj_weight = layer.wk.data(), w.v_proj_weight = layer.wv.data();
     w.out_proj_weight = layer.wo.data();
     w.q_proj_bias = layer.bq.data(), w.k_proj_bias = layer.bk.data(), w.v_proj_bias = layer.bv.data(), w.out_proj_bias = layer.bo.data();
-    const mha::MultiheadAttention m(w, c);
+    return mha::MultiheadAttention(w, c);
+}
+
+TEST(PagedKVCache, Bf16ComputeStepsEqualTheContiguousCache) {
+    DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 903);
+    const mha::MultiheadAttention m = bf16_layer(layer);
     const std::vector<std::vector<float>> x = token_rows(64, 91);
     mha_test::for_each_cpu_isa([&] {
         const StepOutputs alone = run_alone(m, layer, x, mha::DataType::bf16);
@@ -365,13 +370,7 @@ TEST(PagedKVCache, ScalarBackendStepsEqualTheContiguousCacheReference) {
         }
     }
     DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 923);
-    mha::AttentionConfig c;
-    c.embed_dim = 64, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 16, c.rope = layer.rope, c.compute = mha::DataType::bf16;
-    mha::AttentionWeights w;
-    w.q_proj_weight = layer.wq.data(), w.k_proj_weight = layer.wk.data(), w.v_proj_weight = layer.wv.data();
-    w.out_proj_weight = layer.wo.data();
-    w.q_proj_bias = layer.bq.data(), w.k_proj_bias = layer.bk.data(), w.v_proj_bias = layer.bv.data(), w.out_proj_bias = layer.bo.data();
-    const mha::MultiheadAttention m(w, c);
+    const mha::MultiheadAttention m = bf16_layer(layer);
     const std::vector<std::vector<float>> x = token_rows(64, 93);
     const StepOutputs alone = run_alone(m, layer, x, mha::DataType::bf16, nullptr, mha::Backend::scalar);
     mha::PagedKVCache cache(32, 32, 2, 16, mha::DataType::bf16);

@@ -279,7 +279,6 @@ void MultiheadAttention::run(const AttentionInputs& in, const AttentionOutputs& 
         cache->append(b, ConstHeads(k[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d), ConstHeads(v[b].data, 1, Hkv, Lq, d, 0, d, Hkv * d));
 }
 
-
 void MultiheadAttention::forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const std::size_t* seq_ids,
                                       const std::size_t* q_lens, std::size_t sequences, int threads, Backend backend) const {
     const StepPlan plan(*this, cache, seq_ids, q_lens, sequences, threads);
