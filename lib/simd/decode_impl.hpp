@@ -2,10 +2,10 @@
 // included only by the generated decode_<isa>.cpp TUs (dispatch.hpp).
 //   scores:     s[m, j] = scale·Σ_c q[m, c]·k[j, c]   q [M, d], k [n, d], s [M, n]
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c]        p [M, n], v [n, d], o [M, d]
-// K and V are float, bfloat16 or float16 (a KV cache's element type): 16-bit elements are widened to float
-// in registers as they are loaded (bf16: zero-extend to 32 bits and shift left 16; f16: vcvtph2ps on AVX2
-// and AVX-512, half.hpp's scalar conversion on SSE2), exactly, so the fp32 arithmetic below and its
-// summation order are the same for every element type.
+// K and V are float, bfloat16, float16, int8 or fp8 (a KV cache's element type): narrower elements are
+// widened to float in registers as they are loaded (bf16: zero-extend to 32 bits and shift left 16; f16:
+// vcvtph2ps on AVX2 and AVX-512, half.hpp's scalar conversion on SSE2; int8 and fp8: RowReader), exactly,
+// so the fp32 arithmetic below and its summation order are the same for every element type.
 // K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
 // or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
 //
@@ -20,12 +20,13 @@
 //   and wherever it sits in a tile. Loop order: blocks of MQ query rows (kScoresQueryFloats, stay in
 //   L1), then key blocks of 4 rows (read from memory for the first query tile, from L1 for the others,
 //   from L2 for the next query block), then the query tiles.
-// accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2)
-//   starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in order (one FMA each where the ISA has FMA),
-//   and is stored back. Each o[m, c] is its own lane: the result is the sequential sum
-//   ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column tiling, and any split of n into
-//   consecutive calls. Loop order: chunks of J rows of V (they stay in L1), then query tiles, then
-//   column tiles; the first tile reads the chunk from memory, the others from L1.
+// accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2,
+//   or 2 × 4 when M <= 2 and V is not float) starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in
+//   order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own lane: the
+//   result is the sequential sum ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column
+//   tiling, and any split of n into consecutive calls. Loop order: chunks of J rows of V (they stay in
+//   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
+//   from L1.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
 //   the rows the tiles use (kAheadBytes, at least a tile and at most 16 rows), in the caller's reading
 //   order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a
@@ -67,11 +68,13 @@ constexpr std::size_t max_size(std::size_t a, std::size_t b) noexcept { return b
 constexpr std::size_t kScoresQueryFloats = 4096;
 // Query tiles per block above which scores prefetches the next key block into L2 (compute-bound).
 constexpr std::size_t kScoresPrefetchTiles = 4;
-// V rows per accumulate chunk: J·d <= kChunkFloatsFew when a chunk has at most kFewQueryTiles query
-// tiles (memory-bound: a 4 KB chunk keeps the gaps short in which the other tiles compute from L1 and
-// memory idles), else J·d <= kChunkFloatsMany (compute-bound: longer chunks amortize loading and
-// storing the accumulators, and the next chunk is prefetched into L2, spread over the tiles).
-constexpr std::size_t kChunkFloatsFew = 1024;
+// V rows per accumulate chunk: J rows of at most kChunkBytesFew bytes when a chunk has at most
+// kFewQueryTiles query tiles (memory-bound: a 4 KB chunk keeps the gaps short in which the other tiles
+// compute from L1 and memory idles; counted in bytes, so narrow elements that widen get longer chunks,
+// which amortize loading and storing the accumulators: int8, M 4, d 128 on Zen 2: 10.0 -> 7.7 ms), else
+// J·d <= kChunkFloatsMany (compute-bound: longer chunks amortize loading and storing the accumulators,
+// and the next chunk is prefetched into L2, spread over the tiles).
+constexpr std::size_t kChunkBytesFew = 4096;
 constexpr std::size_t kChunkFloatsMany = 4096;
 constexpr std::size_t kFewQueryTiles = 2;
 // Distance of the read-ahead, in bytes of rows (see the header).
@@ -96,6 +99,11 @@ struct DecodeTiles {
     // (AVX-512: 16 + 5 of 32; AVX2 and SSE2: 8 + 3 of 16).
     static constexpr std::size_t MB = 4;
     static constexpr std::size_t NV = W == 16 ? 4 : 2;
+    // With at most FEW_ROWS query rows and V narrower than float the tile is NV_FEW vectors wide (AVX2 and
+    // SSE2: 2 × 4 + 4 + 1 of 16): half the tiles per V row, so half the loop overhead per element.
+    static constexpr std::size_t FEW_ROWS = 2;
+    static constexpr std::size_t NV_FEW = 4;
+    static constexpr std::size_t NV_MAX = NV > NV_FEW ? NV : NV_FEW;
 };
 
 // The lanes [0, r) of a vector, 0 < r < W: load() reads only p[0, r) (zeros in the other lanes),
@@ -190,6 +198,20 @@ struct RowReader<Arch, float> {
     MHA_GEMM_INLINE B full(const float* row, std::size_t c) const noexcept { return B::load_unaligned(row + c); }
     MHA_GEMM_INLINE B part(const float* row, std::size_t c, std::size_t r) const noexcept { return Part<Arch>(r).load(row + c); }
 };
+
+// Columns per scale block of a reader whose rows a kernel must enter at each block it reads (R::at_block, before
+// full / part read a column of the block; the blocks are multiples of W); 0: none.
+template <class R, class = void>
+inline constexpr std::size_t kScaleBlock = 0;
+template <class R>
+inline constexpr std::size_t kScaleBlock<R, std::void_t<decltype(R::kScaleBlock)>> = R::kScaleBlock;
+
+// Enters `row` at column c's block if c starts one, or `first` (c: a multiple of W).
+template <class R>
+inline MHA_GEMM_INLINE void enter_block(const R& reader, typename R::Row& row, std::size_t c, bool first) noexcept {
+    if constexpr (kScaleBlock<R> != 0)
+        if (first || c % kScaleBlock<R> == 0) row = reader.at_block(row, c);
+}
 
 // Archs whose TU defines the conversions below (the AVX2, AVX-512 and NEON TUs): 16-bit and 8-bit elements widened
 // with conversion instructions.
@@ -343,16 +365,19 @@ struct RowReader<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<
 
 // int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32). AVX-512 and NEON
 // widen the row's first W block scales once per row (row()) and pick a vector's by a permute; later blocks
-// (d > 32·W) one at a time. AVX2 widens each vector's scale alone: on Zen 2 the per-row vector conversion and
-// lane-crossing permutes cost more than one float16 load and conversion per vector (decode accumulate, M 1,
-// d 128: 11.6 ms against 7.0 ms).
+// (d > 32·W) one at a time. AVX2 widens one block's scale as a kernel enters the block (at_block, kScaleBlock):
+// on Zen 2 the per-row vector conversion and lane-crossing permutes cost more (decode accumulate, M 1, d 128:
+// 11.6 ms against 7.0 ms with a scale widened per vector, and less with one per block).
 template <class Arch>
 struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
     using B = batch<Arch>;
     static constexpr bool kScalesPerRow = !std::is_same_v<Arch, arch_avx2>;
+    static constexpr std::size_t kScaleBlock = kScalesPerRow ? 0 : kInt8Block;
     struct Row {
         const qint8* p;
-        B scales;  // kScalesPerRow: lanes b < min(blocks, W) hold the scale of block b
+        // kScalesPerRow: lanes b < min(blocks, W) hold the scale of block b; else the scale of the block
+        // at_block entered last, in every lane
+        B scales;
     };
     std::size_t d;
     float scale;
@@ -364,13 +389,20 @@ struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
             return {p, B(0.0f)};
         }
     }
-    MHA_GEMM_INLINE B block_scale(const Row& r, std::size_t c) const noexcept {
-        const std::size_t b = c / kInt8Block;
-        if constexpr (kScalesPerRow)
-            if (b < B::size) return B(pick_lane(Arch{}, r.scales, b));
+    // The row entered at the block of column c: full / part read columns of that block through it.
+    MHA_GEMM_INLINE Row at_block(const Row& r, std::size_t c) const noexcept { return {r.p, scale_of(r, c / kInt8Block)}; }
+    MHA_GEMM_INLINE B scale_of(const Row& r, std::size_t b) const noexcept {
         std::uint16_t h;
         std::memcpy(&h, reinterpret_cast<const unsigned char*>(r.p) + d + 2 * b, 2);
         return B(half_to_float(Arch{}, h));
+    }
+    MHA_GEMM_INLINE B block_scale(const Row& r, std::size_t c) const noexcept {
+        if constexpr (kScalesPerRow) {
+            const std::size_t b = c / kInt8Block;
+            return b < B::size ? B(pick_lane(Arch{}, r.scales, b)) : scale_of(r, b);
+        } else {
+            return r.scales;
+        }
     }
     MHA_GEMM_INLINE B full(const Row& r, std::size_t c) const noexcept {
         return B(int8_to_float(load_8bit(Arch{}, r.p + c))) * block_scale(r, c);
@@ -524,6 +556,7 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
     typename RowReader<Arch, T>::Row rows[KR];
     unroll<KR>([&](auto j) MHA_GEMM_INLINE { rows[j] = reader.row(k + j * ldk); });
     auto step = [&](std::size_t c, auto load_k, auto load_q) MHA_GEMM_INLINE {
+        unroll<KR>([&](auto j) MHA_GEMM_INLINE { enter_block(reader, rows[j], c, false); });
         B kv[KR];
         unroll<KR>([&](auto j) MHA_GEMM_INLINE { kv[j] = load_k(rows[j], c); });
         unroll<QR>([&](auto m) MHA_GEMM_INLINE {
@@ -593,8 +626,11 @@ void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const floa
         if (j < n_ahead) read_ahead<Arch>(*plan.stream, plan.ahead_first + j, plan.ahead_first + j + 1);
         if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
-        const typename RowReader<Arch, T>::Row row = reader.row(v);
-        unroll<NA>([&](auto i) MHA_GEMM_INLINE { vv[i] = load_v(row, i); });
+        typename RowReader<Arch, T>::Row row = reader.row(v);
+        unroll<NA>([&](auto i) MHA_GEMM_INLINE {
+            enter_block(reader, row, c0 + decltype(i)::value * W, decltype(i)::value == 0);
+            vv[i] = load_v(row, i);
+        });
         unroll<MR>([&](auto m) MHA_GEMM_INLINE {
             const B pm(p[m * ldp]);
             unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
@@ -618,14 +654,15 @@ using AccumulateTileFn = void (*)(const RowReader<Arch, T>&, std::size_t, const 
 
 template <class Arch, class T>
 struct AccumulateTable {
-    // [rows - 1][full vectors][partial vector]; null where there is no such tile (no columns, or more
-    // than NV vectors).
-    AccumulateTileFn<Arch, T> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV + 1][2];
+    // [rows - 1][full vectors][partial vector]; null where there is no such tile (no columns, more than
+    // NV vectors with more than FEW_ROWS rows, more than NV_FEW vectors).
+    AccumulateTileFn<Arch, T> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV_MAX + 1][2];
 };
 
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
 constexpr AccumulateTileFn<Arch, T> accumulate_entry() {
-    if constexpr (NF + P == 0 || NF + P > DecodeTiles<Arch>::NV)
+    using D = DecodeTiles<Arch>;
+    if constexpr (NF + P == 0 || NF + P > (MR <= D::FEW_ROWS ? D::NV_FEW : D::NV))
         return nullptr;
     else
         return &accumulate_tile<Arch, T, MR, NF, P>;
@@ -633,7 +670,7 @@ constexpr AccumulateTileFn<Arch, T> accumulate_entry() {
 
 template <class Arch, class T, std::size_t... I>
 constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I...>) {
-    constexpr std::size_t C = 2 * (DecodeTiles<Arch>::NV + 1);
+    constexpr std::size_t C = 2 * (DecodeTiles<Arch>::NV_MAX + 1);
     AccumulateTable<Arch, T> t{};
     ((t.f[I / C][I % C / 2][I % 2] = accumulate_entry<Arch, T, I / C + 1, I % C / 2, I % 2 != 0>()), ...);
     return t;
@@ -689,21 +726,24 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
                                           const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
-    constexpr std::size_t W = T::W, MB = T::MB, NV = T::NV;
+    constexpr std::size_t W = T::W, MB = T::MB;
     static constexpr AccumulateTable<Arch, E> table =
-        make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (NV + 1) * 2>{});
+        make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (T::NV_MAX + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
     const RowReader<Arch, E> reader{d, kv_scale};
     const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
+    // Vectors per column tile. Float V stays on NV: it is memory-bound, and wider tiles read ahead in bigger
+    // bursts (f32, M 1, d 64: 10.7 -> 11.9 ms on Zen 2).
+    const std::size_t NV = M <= T::FEW_ROWS && !std::is_same_v<E, float> ? T::NV_FEW : T::NV;
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
     const std::size_t tail_full = full - blocks * NV;
     const std::size_t query_tiles = (M + MB - 1) / MB;
     const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
     const bool few = query_tiles <= kFewQueryTiles;
-    const std::size_t J = max_size(4, (few ? kChunkFloatsFew : kChunkFloatsMany) / d);  // V rows per chunk
+    const std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
     for (std::size_t j0 = 0; j0 < n; j0 += J) {
         const std::size_t jn = min_size(J, n - j0);
         const E* vj = v.data + j0 * v.stride;
@@ -735,8 +775,8 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             for (std::size_t b = 0; b < blocks; ++b) {
                 const std::size_t c = b * NV * W;
                 const RowPlan<Arch> rp = plan();
-                if (mr == MB)
-                    accumulate_tile<Arch, E, MB, NV, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
+                if (mr == MB && NV == T::NV)
+                    accumulate_tile<Arch, E, MB, T::NV, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
                 else
                     table.f[mr - 1][NV][0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
             }
