@@ -247,13 +247,15 @@ inline MHA_GEMM_INLINE float half_to_float(arch_avx2, std::uint16_t h) noexcept 
 inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e5m2, __m128i b) noexcept {
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8));
 }
-// e4m3 in 16-bit lanes, all in 128-bit registers (fewer and cheaper instructions than widening first):
-// the byte in the upper half, shifted right 1 arithmetically, bit 14 cleared; NaN codes become a float16 NaN.
+// e4m3 in 16-bit lanes, all in 128-bit registers (fewer and cheaper instructions than widening first, and
+// two constants): the byte in both halves of a lane, shifted right 1 arithmetically, bits 14 and 6..0
+// cleared; NaN codes become 0x7F00, a float16 quiet NaN.
 inline MHA_GEMM_INLINE __m256 fp8_to_float(fp8_e4m3, __m128i b) noexcept {
-    const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(), b);  // the byte << 8
-    const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(static_cast<short>(0xBFFF)));
-    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F00)), _mm_set1_epi16(0x7F00));
-    return _mm256_cvtph_ps(_mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan));  // the value / 256
+    const __m128i w = _mm_unpacklo_epi8(b, b);
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
+    const __m128i top = _mm_set1_epi16(0x7F00);
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, top), top);
+    return _mm256_cvtph_ps(_mm_blendv_epi8(h, top, nan));  // the value / 256
 }
 template <>
 inline constexpr bool kWidensInRegisters<arch_avx2> = true;
@@ -578,6 +580,37 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
     reduce_store<Arch, QR, KR>(acc, scale, s, lds);
 }
 
+// Widens rows [0, kr) of k (row stride ldk) to floats at w (row stride ldw, a multiple of W >= d; the
+// lanes of the last vector past d: 0), exactly as the kernels read them.
+template <class Arch, class T>
+void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, std::size_t kr, float* w,
+                std::size_t ldw) noexcept {
+    constexpr std::size_t W = batch<Arch>::size;
+    const std::size_t d = reader.d, body = d - d % W;
+    for (std::size_t r = 0; r < kr; ++r) {
+        typename RowReader<Arch, T>::Row row = reader.row(k + r * ldk);
+        float* out = w + r * ldw;
+        for (std::size_t c = 0; c < body; c += W) {
+            enter_block(reader, row, c, false);
+            reader.full(row, c).store_aligned(out + c);
+        }
+        if (body < d) {
+            enter_block(reader, row, body, false);
+            reader.part(row, body, d - body).store_aligned(out + body);
+        }
+    }
+}
+
+// Query tiles from which scores widens a key block once for all of them (widen_rows) rather than once per
+// tile: where storing and reloading the floats costs less than widening again. Measured on Zen 2 (AVX2,
+// d 64 and 128): e4m3 (the costliest widening) gains from 2 tiles (M 4: 16.4 -> 12.4 ms), int8 and e5m2
+// from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain 12-26 %); 16-bit keys lose
+// (bf16, M 4: 6.3 -> 8.0 ms) and float keys need no widening.
+template <class T>
+inline constexpr std::size_t kWidenOnceTiles = std::is_same_v<T, fp8_e4m3>                            ? 2
+                                               : std::is_same_v<T, qint8> || std::is_same_v<T, fp8_e5m2> ? 3
+                                                                                                      : SIZE_MAX;
+
 template <class Arch, class T>
 using ScoresTileFn = void (*)(const RowReader<Arch, T>&, float, const float*, std::size_t, const T*, std::size_t, float*,
                               std::size_t) noexcept;
@@ -594,6 +627,32 @@ constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
     ScoresTable<Arch, T> t{};
     ((t.f[I / KB][I % KB] = &scores_tile<Arch, T, I / KB + 1, I % KB + 1>), ...);
     return t;
+}
+
+// Keys at most this wide are widened once per key block (the buffer: 4 KB on the stack).
+constexpr std::size_t kWidenMaxD = 256;
+
+// The scores of one key block (kr <= KB rows at k, row stride ldk) for query rows [m0, m_end) of q, into
+// s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats. The same
+// values, so the same bits, as widening them per tile (scores_tile on T). d <= kWidenMaxD.
+template <class Arch, class T>
+__attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& reader, float scale, ConstMatrix q,
+                                                    std::size_t m0, std::size_t m_end, const T* k, std::size_t ldk,
+                                                    std::size_t kr, float* s, std::size_t lds) noexcept {
+    constexpr std::size_t W = batch<Arch>::size, QB = DecodeTiles<Arch>::QB, KB = DecodeTiles<Arch>::KB;
+    static constexpr ScoresTable<Arch, float> table = make_scores_table<Arch, float>(std::make_index_sequence<QB * KB>{});
+    alignas(64) float widened[KB * kWidenMaxD];
+    const std::size_t d = reader.d, ldw = (d + W - 1) / W * W;
+    widen_rows<Arch, T>(reader, k, ldk, kr, widened, ldw);
+    const RowReader<Arch, float> float_reader{d, 1.0f};
+    for (std::size_t m = m0; m < m_end; m += QB) {
+        const std::size_t qr = min_size(QB, m_end - m);
+        const float* qm = q.data + m * q.stride;
+        if (qr == QB && kr == KB)
+            scores_tile<Arch, float, QB, KB>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+        else
+            table.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+    }
 }
 
 // ---- accumulate ------------------------------------------------------------------------------------
@@ -697,6 +756,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
         const std::size_t query_tiles = (m_end - m0 + QB - 1) / QB;
         const bool prefetch = query_tiles > kScoresPrefetchTiles;
         const std::size_t ahead_share = (KB + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
+        const bool widen_once = query_tiles >= kWidenOnceTiles<E> && d <= kWidenMaxD;
         for (std::size_t j = 0; j < n; j += KB) {
             const std::size_t kr = min_size(KB, n - j);
             const E* kj = k.data + j * k.stride;
@@ -704,6 +764,11 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
                 if (prefetch)
                     for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
                         prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
+            }
+            if (widen_once) {
+                if (m0 == 0 && d != 0) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
+                scores_block_widened<Arch, E>(reader, scale, q, m0, m_end, kj, k.stride, kr, s.data + j, s.stride);
+                continue;
             }
             for (std::size_t m = m0; m < m_end; m += QB) {
                 if (m0 == 0 && d != 0) {  // the block's read-ahead, a share per query tile
