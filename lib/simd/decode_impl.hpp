@@ -366,46 +366,56 @@ struct RowReader<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<
     }
 };
 
-// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32). AVX-512 and NEON
-// widen the row's first W block scales once per row (row()) and pick a vector's by a permute; later blocks
-// (d > 32·W) one at a time. AVX2 widens one block's scale as a kernel enters the block (at_block, kScaleBlock):
-// on Zen 2 the per-row vector conversion and lane-crossing permutes cost more (decode accumulate, M 1, d 128:
-// 11.6 ms against 7.0 ms with a scale widened per vector, and less with one per block).
+// The scale of block b of the int8 row of d elements at p (its float16 scales follow the elements), in every lane.
 template <class Arch>
-struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch>>> {
+inline MHA_GEMM_INLINE batch<Arch> int8_block_scale(const qint8* p, std::size_t d, std::size_t b) noexcept {
+    std::uint16_t h;
+    std::memcpy(&h, reinterpret_cast<const unsigned char*>(p) + d + 2 * b, 2);
+    return batch<Arch>(half_to_float(Arch{}, h));
+}
+
+// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32). Two readers: AVX2
+// widens one block's scale as a kernel enters the block (at_block, kScaleBlock); AVX-512 and NEON widen the
+// row's first W block scales once per row (row()) and pick a vector's by a permute, later blocks (d > 32·W)
+// one at a time. On Zen 2 the per-row vector conversion and lane-crossing permutes cost more (decode
+// accumulate, M 1, d 128: 11.6 ms against 7.0 ms with a scale widened per vector, and less with one per block).
+template <class Arch>
+struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch> && std::is_same_v<Arch, arch_avx2>>> {
     using B = batch<Arch>;
-    static constexpr bool kScalesPerRow = !std::is_same_v<Arch, arch_avx2>;
-    static constexpr std::size_t kScaleBlock = kScalesPerRow ? 0 : kInt8Block;
+    static constexpr std::size_t kScaleBlock = kInt8Block;
     struct Row {
         const qint8* p;
-        // kScalesPerRow: lanes b < min(blocks, W) hold the scale of block b; else the scale of the block
-        // at_block entered last, in every lane
-        B scales;
+        B scale;  // of the block at_block entered last, in every lane
+    };
+    std::size_t d;
+    float scale;
+    MHA_GEMM_INLINE Row row(const qint8* p) const noexcept { return {p, B(0.0f)}; }  // no block entered yet
+    // The row entered at the block of column c: full / part read columns of that block through it.
+    MHA_GEMM_INLINE Row at_block(const Row& r, std::size_t c) const noexcept {
+        return {r.p, int8_block_scale<Arch>(r.p, d, c / kInt8Block)};
+    }
+    MHA_GEMM_INLINE B full(const Row& r, std::size_t c) const noexcept { return B(int8_to_float(load_8bit(Arch{}, r.p + c))) * r.scale; }
+    MHA_GEMM_INLINE B part(const Row& r, std::size_t c, std::size_t n) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, r.p + c, n))) * r.scale;
+    }
+};
+
+template <class Arch>
+struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch> && !std::is_same_v<Arch, arch_avx2>>> {
+    using B = batch<Arch>;
+    struct Row {
+        const qint8* p;
+        B scales;  // lane b < min(blocks, W): the scale of block b
     };
     std::size_t d;
     float scale;
     MHA_GEMM_INLINE Row row(const qint8* p) const noexcept {
-        if constexpr (kScalesPerRow) {
-            const std::size_t blocks = (d + kInt8Block - 1) / kInt8Block;
-            return {p, B(block_scales(Arch{}, reinterpret_cast<const unsigned char*>(p) + d, blocks < B::size ? blocks : B::size))};
-        } else {
-            return {p, B(0.0f)};
-        }
-    }
-    // The row entered at the block of column c: full / part read columns of that block through it.
-    MHA_GEMM_INLINE Row at_block(const Row& r, std::size_t c) const noexcept { return {r.p, scale_of(r, c / kInt8Block)}; }
-    MHA_GEMM_INLINE B scale_of(const Row& r, std::size_t b) const noexcept {
-        std::uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const unsigned char*>(r.p) + d + 2 * b, 2);
-        return B(half_to_float(Arch{}, h));
+        const std::size_t blocks = (d + kInt8Block - 1) / kInt8Block;
+        return {p, B(block_scales(Arch{}, reinterpret_cast<const unsigned char*>(p) + d, blocks < B::size ? blocks : B::size))};
     }
     MHA_GEMM_INLINE B block_scale(const Row& r, std::size_t c) const noexcept {
-        if constexpr (kScalesPerRow) {
-            const std::size_t b = c / kInt8Block;
-            return b < B::size ? B(pick_lane(Arch{}, r.scales, b)) : scale_of(r, b);
-        } else {
-            return r.scales;
-        }
+        const std::size_t b = c / kInt8Block;
+        return b < B::size ? B(pick_lane(Arch{}, r.scales, b)) : int8_block_scale<Arch>(r.p, d, b);
     }
     MHA_GEMM_INLINE B full(const Row& r, std::size_t c) const noexcept {
         return B(int8_to_float(load_8bit(Arch{}, r.p + c))) * block_scale(r, c);
@@ -546,6 +556,15 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
     }
 }
 
+// The column walk of a row of d elements in vectors of W: full(c) for each whole vector [c, c + W), then
+// part(c, r) for the last r < W columns, if any.
+template <std::size_t W, class Full, class Partial>
+inline MHA_GEMM_INLINE void for_each_vector(std::size_t d, Full&& full, Partial&& part) {
+    const std::size_t body = d - d % W;
+    for (std::size_t c = 0; c < body; c += W) full(c);
+    if (body < d) part(body, d - body);
+}
+
 // One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB).
 template <class Arch, class T, std::size_t QR, std::size_t KR>
 void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk,
@@ -567,16 +586,17 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
             unroll<KR>([&](auto j) MHA_GEMM_INLINE { acc[m][j] = fmadd<Arch>(qv, kv[j], acc[m][j]); });
         });
     };
-    const std::size_t body = d - d % W;
-    for (std::size_t c = 0; c < body; c += W)
-        step(c, [&reader](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.full(row, col); },
-             [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
-    if (body < d) {
-        const std::size_t r = d - body;
-        const Part<Arch> part_q(r);
-        step(body, [&reader, r](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.part(row, col, r); },
-             [&part_q](const float* p) MHA_GEMM_INLINE { return part_q.load(p); });
-    }
+    for_each_vector<W>(
+        d,
+        [&](std::size_t c) MHA_GEMM_INLINE {
+            step(c, [&reader](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.full(row, col); },
+                 [](const float* p) MHA_GEMM_INLINE { return B::load_unaligned(p); });
+        },
+        [&](std::size_t c, std::size_t r) MHA_GEMM_INLINE {
+            const Part<Arch> part_q(r);
+            step(c, [&reader, r](const auto& row, std::size_t col) MHA_GEMM_INLINE { return reader.part(row, col, r); },
+                 [&part_q](const float* p) MHA_GEMM_INLINE { return part_q.load(p); });
+        });
     reduce_store<Arch, QR, KR>(acc, scale, s, lds);
 }
 
@@ -586,30 +606,40 @@ template <class Arch, class T>
 void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, std::size_t kr, float* w,
                 std::size_t ldw) noexcept {
     constexpr std::size_t W = batch<Arch>::size;
-    const std::size_t d = reader.d, body = d - d % W;
-    for (std::size_t r = 0; r < kr; ++r) {
-        typename RowReader<Arch, T>::Row row = reader.row(k + r * ldk);
-        float* out = w + r * ldw;
-        for (std::size_t c = 0; c < body; c += W) {
-            enter_block(reader, row, c, false);
-            reader.full(row, c).store_aligned(out + c);
-        }
-        if (body < d) {
-            enter_block(reader, row, body, false);
-            reader.part(row, body, d - body).store_aligned(out + body);
-        }
+    for (std::size_t i = 0; i < kr; ++i) {
+        typename RowReader<Arch, T>::Row row = reader.row(k + i * ldk);
+        float* out = w + i * ldw;
+        for_each_vector<W>(
+            reader.d,
+            [&](std::size_t c) MHA_GEMM_INLINE {
+                enter_block(reader, row, c, false);
+                reader.full(row, c).store_aligned(out + c);
+            },
+            [&](std::size_t c, std::size_t r) MHA_GEMM_INLINE {
+                enter_block(reader, row, c, false);
+                reader.part(row, c, r).store_aligned(out + c);
+            });
     }
 }
 
-// Query tiles from which scores widens a key block once for all of them (widen_rows) rather than once per
-// tile: where storing and reloading the floats costs less than widening again. Measured on Zen 2 (AVX2,
-// d 64 and 128): e4m3 (the costliest widening) gains from 2 tiles (M 4: 16.4 -> 12.4 ms), int8 and e5m2
-// from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain 12-26 %); 16-bit keys lose
+// Keys at most this wide are widened once per key block (the buffer: 4 KB on the stack).
+constexpr std::size_t kWidenMaxD = 256;
+
+// Whether scores widens each key block of T once for all query_tiles query tiles (widen_rows) rather than
+// once per tile: where storing and reloading the floats costs less than widening again. Measured on Zen 2
+// (AVX2, d 64 and 128): e4m3 (the costliest widening) gains from 2 tiles (M 4: 16.4 -> 12.4 ms), int8 and
+// e5m2 from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain 12-26 %); 16-bit keys lose
 // (bf16, M 4: 6.3 -> 8.0 ms) and float keys need no widening.
 template <class T>
-inline constexpr std::size_t kWidenOnceTiles = std::is_same_v<T, fp8_e4m3>                            ? 2
-                                               : std::is_same_v<T, qint8> || std::is_same_v<T, fp8_e5m2> ? 3
-                                                                                                      : SIZE_MAX;
+constexpr bool widens_key_block_once(std::size_t query_tiles, std::size_t d) noexcept {
+    if (d > kWidenMaxD) return false;
+    if constexpr (std::is_same_v<T, fp8_e4m3>)
+        return query_tiles >= 2;
+    else if constexpr (std::is_same_v<T, qint8> || std::is_same_v<T, fp8_e5m2>)
+        return query_tiles >= 3;
+    else
+        return false;
+}
 
 template <class Arch, class T>
 using ScoresTileFn = void (*)(const RowReader<Arch, T>&, float, const float*, std::size_t, const T*, std::size_t, float*,
@@ -629,8 +659,10 @@ constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
     return t;
 }
 
-// Keys at most this wide are widened once per key block (the buffer: 4 KB on the stack).
-constexpr std::size_t kWidenMaxD = 256;
+// The tiles of every shape, for the tails of the query rows and keys.
+template <class Arch, class T>
+inline constexpr ScoresTable<Arch, T> kScoresTable =
+    make_scores_table<Arch, T>(std::make_index_sequence<DecodeTiles<Arch>::QB * DecodeTiles<Arch>::KB>{});
 
 // The scores of one key block (kr <= KB rows at k, row stride ldk) for query rows [m0, m_end) of q, into
 // s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats. The same
@@ -640,7 +672,6 @@ __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& re
                                                     std::size_t m0, std::size_t m_end, const T* k, std::size_t ldk,
                                                     std::size_t kr, float* s, std::size_t lds) noexcept {
     constexpr std::size_t W = batch<Arch>::size, QB = DecodeTiles<Arch>::QB, KB = DecodeTiles<Arch>::KB;
-    static constexpr ScoresTable<Arch, float> table = make_scores_table<Arch, float>(std::make_index_sequence<QB * KB>{});
     alignas(64) float widened[KB * kWidenMaxD];
     const std::size_t d = reader.d, ldw = (d + W - 1) / W * W;
     widen_rows<Arch, T>(reader, k, ldk, kr, widened, ldw);
@@ -651,7 +682,7 @@ __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& re
         if (qr == QB && kr == KB)
             scores_tile<Arch, float, QB, KB>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
         else
-            table.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+            kScoresTable<Arch, float>.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
     }
 }
 
@@ -744,7 +775,6 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
     constexpr std::size_t QB = T::QB, KB = T::KB;
-    static constexpr ScoresTable<Arch, E> table = make_scores_table<Arch, E>(std::make_index_sequence<QB * KB>{});
     const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = row_storage_bytes<E>(d);
     const RowReader<Arch, E> reader{d, kv_scale};
     const RowStream<Arch> stream = row_stream<Arch>(k, bytes, ahead, kAheadBytes, kAheadMaxRows);
@@ -756,7 +786,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
         const std::size_t query_tiles = (m_end - m0 + QB - 1) / QB;
         const bool prefetch = query_tiles > kScoresPrefetchTiles;
         const std::size_t ahead_share = (KB + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
-        const bool widen_once = query_tiles >= kWidenOnceTiles<E> && d <= kWidenMaxD;
+        const bool widen_once = widens_key_block_once<E>(query_tiles, d);
         for (std::size_t j = 0; j < n; j += KB) {
             const std::size_t kr = min_size(KB, n - j);
             const E* kj = k.data + j * k.stride;
@@ -781,7 +811,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
                 if (qr == QB && kr == KB)
                     scores_tile<Arch, E, QB, KB>(reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
                 else
-                    table.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                    kScoresTable<Arch, E>.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
             }
         }
     }
