@@ -21,9 +21,13 @@ void reference_step(const LayerState& st, const ConstMatrix& x, const Matrix& y,
     ForwardOptions opt;
     opt.norm_eps = st.norm_eps;
     const ElementFormat& format = element_format(cache.element_type());
+    // Sequence i's queries [q0, q0 + q) of the packed rows, after `past` cached tokens (reserve_step checked that
+    // the cache holds it at that length).
+    auto queries = [&s](std::size_t i) { return s.query_starts[i + 1] - s.query_starts[i]; };
+    auto past_of = [&](std::size_t i) { return s.key_lengths[i] - queries(i); };
     std::vector<float> out(T * E), new_keys(T * w), new_values(T * w), past_keys, past_values;
     for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t id = s.ids[i], q0 = s.query_starts[i], q = s.query_starts[i + 1] - q0, past = cache.length(id);
+        const std::size_t id = s.ids[i], q0 = s.query_starts[i], q = queries(i), past = past_of(i);
         past_keys.resize(Hkv * past * d);  // released rows come as NaN: outside every window, the reference never reads them
         past_values.resize(Hkv * past * d);
         for (std::size_t h = 0; h < Hkv; ++h) {
@@ -39,7 +43,7 @@ void reference_step(const LayerState& st, const ConstMatrix& x, const Matrix& y,
     PagedKVCacheAccess::prepare_step(cache, r);  // std::bad_alloc: nothing changed
     const KVRows keys = PagedKVCacheAccess::keys(cache, r), values = PagedKVCacheAccess::values(cache, r);
     for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t q0 = s.query_starts[i], q = s.query_starts[i + 1] - q0, past = s.key_lengths[i] - q;
+        const std::size_t q0 = s.query_starts[i], q = queries(i), past = past_of(i);
         for (std::size_t t = 0; t < q; ++t)
             for (std::size_t h = 0; h < Hkv; ++h) {
                 keys.write_row(i, h, past + t, new_keys.data() + (q0 + t) * w + h * d);

@@ -518,6 +518,8 @@ StepReservation validate_step_call(const LayerState& st, const StepPlanData& p, 
              "): this layer differs");
     check_cache_heads(cache, st);  // the layer's shape is the plan's
     check_packed_rows(x, y, p.step.query_starts[p.step.sequences], st.E, "T = sum of q_lens");
+    // First the reservation (allocates, changes nothing): its checks that the cache holds each sequence at
+    // its past length are what the window check below relies on.
     StepReservation r = PagedKVCacheAccess::reserve_step(cache, p.step);
     // Released blocks (PagedKVCache::release_before) must lie before every new query's window.
     const ScoreModifiers mods = st.modifiers();

@@ -1,7 +1,8 @@
 // One validation module for the public entry points of lib/attention: MultiheadAttention::forward (fp32,
 // 16-bit, with and without a KV cache), forward_step, forward_varlen, StepPlan, workspace_bytes, path, and
-// scaled_dot_product_attention, sdpa_workspace_bytes, sdpa_path. Each check throws mha::invalid_argument naming the argument and its values
-// (the messages are part of the tests); nothing is written before they pass.
+// scaled_dot_product_attention, sdpa_workspace_bytes, sdpa_path. Each check throws mha::invalid_argument
+// naming the argument and its values (the messages are part of the tests); nothing is written before they
+// pass.
 // A validated call comes back as one resolved description (LayerCall, SdpaCall): the shapes, whether it is
 // self-attention (key and value resolved: the legacy null key is resolved here and nowhere else), the
 // options as the backends read them, and the path the SIMD core takes.
