@@ -11,15 +11,16 @@
 //
 // Memory-bound decode: each K and V row comes from memory once and should stream at read bandwidth,
 // with the query rows (and o) hot in L1.
-// scores: a register tile of QB query rows × 4 key rows (AVX-512: 4 × 4 zmm accumulators; AVX2 and SSE2
-//   2 × 4) runs along d, lane l summing the columns c ≡ l (mod W) in order (the last, partial vector
-//   with masked or buffered loads, zeros in the missing lanes). Then one transposed reduction turns the
-//   QB·4 accumulators into QB·4 sums with the same fixed tree for every sum: per 128-bit block
-//   (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2: b0 + b1). Missing rows or
-//   keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the same whatever M and n are
-//   and wherever it sits in a tile. Loop order: blocks of MQ query rows (kScoresQueryFloats, stay in
-//   L1), then key blocks of 4 rows (read from memory for the first query tile, from L1 for the others,
-//   from L2 for the next query block), then the query tiles.
+// scores: a register tile of query rows × key rows (ScoresShapes; AVX-512: 4 × 4 zmm accumulators; AVX2,
+//   SSE2 and NEON 2 × 4; AVX2 with 8-bit keys and M > 2: 4 × 2) runs along d, lane l summing the columns
+//   c ≡ l (mod W) in order (the last, partial vector with masked or buffered loads, zeros in the missing
+//   lanes). Then one transposed reduction turns the accumulators into sums with the same fixed tree for
+//   every sum: per 128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2:
+//   b0 + b1). Missing rows or keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the
+//   same whatever M and n are, whatever the tile's shape and wherever it sits in it. Loop order: blocks of
+//   MQ query rows (kScoresQueryFloats, stay in L1), then key blocks of a tile's key rows (read from memory
+//   for the first query tile, from L1 for the others, from L2 for the next query block), then the query
+//   tiles.
 // accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2,
 //   or 2 × 4 when M <= 2 and V is not float) starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in
 //   order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own lane: the
@@ -60,6 +61,11 @@
 
 namespace mha::simd {
 namespace decode_detail {
+// The tile functions start on a 64-byte boundary: their loops are a few instructions long, and on Zen 2 the same
+// machine code ran up to 10 % slower at another offset (int8 accumulate, M 8 and 16: function start at 48 mod
+// 64 against 0), so their speed moved with unrelated changes elsewhere in the TU.
+#define MHA_DECODE_TILE __attribute__((aligned(64)))
+
 namespace {
 constexpr std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
 constexpr std::size_t max_size(std::size_t a, std::size_t b) noexcept { return b > a ? b : a; }
@@ -91,9 +97,8 @@ using batch = xsimd::batch<float, Arch>;
 template <class Arch>
 struct DecodeTiles {
     static constexpr std::size_t W = batch<Arch>::size;
-    // scores: QB query rows × KB key rows of accumulators, plus KB key vectors and a query vector
-    // (AVX-512: 16 + 5 of 32 registers; AVX2 and SSE2: 8 + 5 of 16).
-    static constexpr std::size_t QB = W == 16 ? 4 : 2;
+    // scores: at most QB query rows × KB key rows of accumulators (ScoresShape picks a tile's shape).
+    static constexpr std::size_t QB = W == 4 ? 2 : 4;
     static constexpr std::size_t KB = 4;
     // accumulate: MB query rows × NV vectors, plus NV V vectors and a broadcast p
     // (AVX-512: 16 + 5 of 32; AVX2 and SSE2: 8 + 3 of 16).
@@ -104,6 +109,24 @@ struct DecodeTiles {
     static constexpr std::size_t FEW_ROWS = 2;
     static constexpr std::size_t NV_FEW = 4;
     static constexpr std::size_t NV_MAX = NV > NV_FEW ? NV : NV_FEW;
+};
+
+// A scores tile: Rows query rows × Keys key rows of accumulators (at most QB × KB), plus Keys key vectors and a
+// query vector.
+template <std::size_t Rows, std::size_t Keys>
+struct TileShape {
+    static constexpr std::size_t rows = Rows, keys = Keys;
+};
+
+// The scores tiles for keys of T. Wide: AVX-512 4 × 4 (+ 5 of 32 registers), AVX2, SSE2 and NEON 2 × 4 (+ 5 of
+// 16); float keys and any M. Tall, for M > 2: on AVX2 with 8-bit keys 4 × 2 (+ 3, + 2 int8 scales), which widens
+// each key vector once for 4 query rows instead of 2 (int8 scores, M 4, d 128 on Zen 2: 8.2 -> 7.5 ms;
+// e5m2 8.7 -> 7.2); elsewhere the wide tile.
+template <class Arch, class T>
+struct ScoresShapes {
+    using Wide = TileShape<batch<Arch>::size == 16 ? 4 : 2, 4>;
+    using Tall = std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 1, TileShape<4, 2>, Wide>;
+    static_assert(Wide::rows <= DecodeTiles<Arch>::QB && Tall::rows <= DecodeTiles<Arch>::QB, "tiles fit the accumulators");
 };
 
 // The lanes [0, r) of a vector, 0 < r < W: load() reads only p[0, r) (zeros in the other lanes),
@@ -515,24 +538,43 @@ inline MHA_GEMM_INLINE void reduce_store(const batch<Arch> (&acc)[DecodeTiles<Ar
                                   std::size_t lds) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t QB = DecodeTiles<Arch>::QB;
+#if MHA_SIMD_X86
+    if constexpr (std::is_same_v<Arch, arch_avx2> && KR == 2 && QR > 2) {
+        // Two keys per row: rows 2h and 2h + 1 share a block_sums4, so one vector holds 4 rows × 2 keys
+        // (lanes 2m + j), each sum by the same tree as below.
+        const B u0 = block_sums4<Arch>(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+        const B u1 = block_sums4<Arch>(acc[2][0], acc[2][1], acc[3][0], acc[3][1]);
+        const B sums = (B(_mm256_permute2f128_ps(u0, u1, 0x20)) + B(_mm256_permute2f128_ps(u0, u1, 0x31))) * B(scale);
+        const __m128 lo = _mm256_castps256_ps128(sums), hi = _mm256_extractf128_ps(sums, 1);
+        _mm_storel_pi(reinterpret_cast<__m64*>(s), lo);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(s + lds), lo);
+        _mm_storel_pi(reinterpret_cast<__m64*>(s + 2 * lds), hi);
+        if constexpr (QR == 4) _mm_storeh_pi(reinterpret_cast<__m64*>(s + 3 * lds), hi);
+        return;
+    }
+#endif
     // sums[g] holds the sums of query rows [g·R, (g + 1)·R), R = W / 4, four keys per row.
-    constexpr std::size_t G = B::size == 4 ? QB : 1;
+    constexpr std::size_t R = B::size / 4, G = (QR + R - 1) / R;
+    static_assert(G * R <= QB, "a tile's rows fit the accumulators");
     B sums[G];
-    B u[QB];
-    unroll<QB>([&](auto m) MHA_GEMM_INLINE { u[m] = block_sums4<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]); });
+    B u[G * R];
+    unroll<G * R>([&](auto m) MHA_GEMM_INLINE { u[m] = block_sums4<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]); });
 #if MHA_SIMD_X86
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         const B w01 = B(_mm512_shuffle_f32x4(u[0], u[1], 0x44)) + B(_mm512_shuffle_f32x4(u[0], u[1], 0xEE));
         const B w23 = B(_mm512_shuffle_f32x4(u[2], u[3], 0x44)) + B(_mm512_shuffle_f32x4(u[2], u[3], 0xEE));
         sums[0] = B(_mm512_shuffle_f32x4(w01, w23, 0x88)) + B(_mm512_shuffle_f32x4(w01, w23, 0xDD));
     } else if constexpr (std::is_same_v<Arch, arch_avx2>) {
-        sums[0] = B(_mm256_permute2f128_ps(u[0], u[1], 0x20)) + B(_mm256_permute2f128_ps(u[0], u[1], 0x31));
+        unroll<G>([&](auto g) MHA_GEMM_INLINE {
+            const B& lo = u[2 * g];
+            const B& hi = u[2 * g + 1];
+            sums[g] = B(_mm256_permute2f128_ps(lo, hi, 0x20)) + B(_mm256_permute2f128_ps(lo, hi, 0x31));
+        });
     } else
 #endif
     {
-        unroll<QB>([&](auto m) MHA_GEMM_INLINE { sums[m] = u[m]; });
+        unroll<G>([&](auto m) MHA_GEMM_INLINE { sums[m] = u[m]; });
     }
-    constexpr std::size_t R = B::size / 4;  // query rows per sums[g]
     unroll<G>([&](auto g) MHA_GEMM_INLINE { sums[g] = sums[g] * B(scale); });
     if constexpr (KR == 4) {
         // One 128-bit store per query row.
@@ -565,9 +607,9 @@ inline MHA_GEMM_INLINE void for_each_vector(std::size_t d, Full&& full, Partial&
     if (body < d) part(body, d - body);
 }
 
-// One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB).
+// One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB; ScoresShape the usual one).
 template <class Arch, class T, std::size_t QR, std::size_t KR>
-void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk,
+MHA_DECODE_TILE void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk,
                  float* s, std::size_t lds) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
@@ -603,7 +645,7 @@ void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, 
 // Widens rows [0, kr) of k (row stride ldk) to floats at w (row stride ldw, a multiple of W >= d; the
 // lanes of the last vector past d: 0), exactly as the kernels read them.
 template <class Arch, class T>
-void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, std::size_t kr, float* w,
+MHA_DECODE_TILE void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, std::size_t kr, float* w,
                 std::size_t ldw) noexcept {
     constexpr std::size_t W = batch<Arch>::size;
     for (std::size_t i = 0; i < kr; ++i) {
@@ -625,20 +667,19 @@ void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, s
 // Keys at most this wide are widened once per key block (the buffer: 4 KB on the stack).
 constexpr std::size_t kWidenMaxD = 256;
 
-// Whether scores widens each key block of T once for all query_tiles query tiles (widen_rows) rather than
+// Whether scores widens each key block of T once for all query_tiles tiles of Shape (widen_rows) rather than
 // once per tile: where storing and reloading the floats costs less than widening again. Measured on Zen 2
-// (AVX2, d 64 and 128): e4m3 (the costliest widening) gains from 2 tiles (M 4: 16.4 -> 12.4 ms), int8 and
-// e5m2 from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain 12-26 %); 16-bit keys lose
-// (bf16, M 4: 6.3 -> 8.0 ms) and float keys need no widening.
-template <class T>
+// (AVX2, d 64 and 128) with tiles of 2 query rows: e4m3 (the costliest widening) gains from 2 tiles (M 4:
+// 16.4 -> 12.4 ms), int8 and e5m2 from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain
+// 12-26 %). With AVX2's tall tiles of 4 rows: at one tile (M 4) all three lose (e4m3 10.7 -> 11.9 ms); at 2
+// (M 8) e5m2 gains (13.4 -> 12.5), int8 loses (13.1 -> 14.2), e4m3 breaks even. 16-bit keys lose (bf16, M 4:
+// 6.3 -> 8.0 ms) and float keys need no widening.
+template <class Arch, class T, class Shape>
 constexpr bool widens_key_block_once(std::size_t query_tiles, std::size_t d) noexcept {
-    if (d > kWidenMaxD) return false;
-    if constexpr (std::is_same_v<T, fp8_e4m3>)
-        return query_tiles >= 2;
-    else if constexpr (std::is_same_v<T, qint8> || std::is_same_v<T, fp8_e5m2>)
-        return query_tiles >= 3;
-    else
-        return false;
+    if (d > kWidenMaxD || sizeof(T) != 1) return false;
+    const bool tall_avx2 = std::is_same_v<Arch, arch_avx2> && Shape::rows == 4;
+    const bool from_two = std::is_same_v<T, fp8_e4m3> || (std::is_same_v<T, fp8_e5m2> && tall_avx2);
+    return query_tiles >= (from_two ? 2 : 3);
 }
 
 template <class Arch, class T>
@@ -665,24 +706,71 @@ inline constexpr ScoresTable<Arch, T> kScoresTable =
     make_scores_table<Arch, T>(std::make_index_sequence<DecodeTiles<Arch>::QB * DecodeTiles<Arch>::KB>{});
 
 // The scores of one key block (kr <= KB rows at k, row stride ldk) for query rows [m0, m_end) of q, into
-// s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats. The same
-// values, so the same bits, as widening them per tile (scores_tile on T). d <= kWidenMaxD.
+// s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats (wide tiles).
+// The same values, so the same bits, as widening them per tile (scores_tile on T). d <= kWidenMaxD.
 template <class Arch, class T>
-__attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& reader, float scale, ConstMatrix q,
+MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& reader, float scale, ConstMatrix q,
                                                     std::size_t m0, std::size_t m_end, const T* k, std::size_t ldk,
                                                     std::size_t kr, float* s, std::size_t lds) noexcept {
-    constexpr std::size_t W = batch<Arch>::size, QB = DecodeTiles<Arch>::QB, KB = DecodeTiles<Arch>::KB;
+    using Shape = typename ScoresShapes<Arch, float>::Wide;
+    constexpr std::size_t W = batch<Arch>::size, KB = DecodeTiles<Arch>::KB;
     alignas(64) float widened[KB * kWidenMaxD];
     const std::size_t d = reader.d, ldw = (d + W - 1) / W * W;
     widen_rows<Arch, T>(reader, k, ldk, kr, widened, ldw);
     const RowReader<Arch, float> float_reader{d, 1.0f};
-    for (std::size_t m = m0; m < m_end; m += QB) {
-        const std::size_t qr = min_size(QB, m_end - m);
+    for (std::size_t m = m0; m < m_end; m += Shape::rows) {
+        const std::size_t qr = min_size(Shape::rows, m_end - m);
         const float* qm = q.data + m * q.stride;
-        if (qr == QB && kr == KB)
-            scores_tile<Arch, float, QB, KB>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+        if (qr == Shape::rows && kr == Shape::keys)
+            scores_tile<Arch, float, Shape::rows, Shape::keys>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
         else
             kScoresTable<Arch, float>.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+    }
+}
+
+// All the scores s [M, n] in tiles of Shape (see decode_scores_kernel).
+template <class Arch, class E, class Shape>
+void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& stream, float scale, ConstMatrix q,
+                     MatrixView<const E> k, Matrix s) noexcept {
+    using Wide = typename ScoresShapes<Arch, float>::Wide;  // the tiles over keys widened once
+    constexpr std::size_t QR = Shape::rows;
+    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = row_storage_bytes<E>(d);
+    // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
+    const std::size_t MQ = max_size(QR, kScoresQueryFloats / max_size(d, 1) / QR * QR);
+    for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
+        const std::size_t m_end = min_size(M, m0 + MQ);
+        const std::size_t query_tiles = (m_end - m0 + QR - 1) / QR;
+        const bool prefetch = m_end - m0 > kScoresPrefetchTiles * Wide::rows;
+        const bool widen_once = widens_key_block_once<Arch, E, Shape>(query_tiles, d);
+        const std::size_t KR = widen_once ? Wide::keys : Shape::keys;          // key rows per block
+        const std::size_t ahead_share = (KR + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
+        for (std::size_t j = 0; j < n; j += KR) {
+            const std::size_t kr = min_size(KR, n - j);
+            const E* kj = k.data + j * k.stride;
+            if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
+                if (prefetch)
+                    for (std::size_t i = j + KR; i < min_size(n, j + 2 * KR); ++i)
+                        prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
+            }
+            if (widen_once) {
+                if (m0 == 0 && d != 0) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
+                scores_block_widened<Arch, E>(reader, scale, q, m0, m_end, kj, k.stride, kr, s.data + j, s.stride);
+                continue;
+            }
+            for (std::size_t m = m0; m < m_end; m += QR) {
+                if (m0 == 0 && d != 0) {  // the block's read-ahead, a share per query tile
+                    const std::size_t a0 = min_size((m - m0) / QR * ahead_share, kr), a1 = min_size(a0 + ahead_share, kr);
+                    read_ahead<Arch>(stream, j + stream.distance + a0, j + stream.distance + a1);
+                }
+                const std::size_t qr = min_size(QR, m_end - m);
+                const float* qm = q.data + m * q.stride;
+                float* sm = s.data + m * s.stride + j;
+                if (qr == QR && kr == Shape::keys)
+                    scores_tile<Arch, E, QR, Shape::keys>(reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                else
+                    kScoresTable<Arch, E>.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+            }
+        }
     }
 }
 
@@ -691,7 +779,7 @@ __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& re
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
 // v: the rows' starts; the tile's columns start at c0 of them.
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
-void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp, const T* v,
+MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp, const T* v,
                      std::size_t ldv, std::size_t c0, float* o, std::size_t ldo, std::size_t r, const RowPlan<Arch>& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
@@ -773,48 +861,15 @@ template <class Arch, class E>
 void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s,
                                       const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
-    using T = DecodeTiles<Arch>;
-    constexpr std::size_t QB = T::QB, KB = T::KB;
-    const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = row_storage_bytes<E>(d);
+    using Shapes = ScoresShapes<Arch, E>;
+    const std::size_t M = q.rows, d = q.cols;
     const RowReader<Arch, E> reader{d, kv_scale};
-    const RowStream<Arch> stream = row_stream<Arch>(k, bytes, ahead, kAheadBytes, kAheadMaxRows);
+    const RowStream<Arch> stream = row_stream<Arch>(k, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     if (M != 0 && d != 0) read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
-    // Query rows per block: as many whole tiles as fit kScoresQueryFloats, at least one tile.
-    const std::size_t MQ = max_size(QB, kScoresQueryFloats / max_size(d, 1) / QB * QB);
-    for (std::size_t m0 = 0; m0 < M; m0 += MQ) {
-        const std::size_t m_end = min_size(M, m0 + MQ);
-        const std::size_t query_tiles = (m_end - m0 + QB - 1) / QB;
-        const bool prefetch = query_tiles > kScoresPrefetchTiles;
-        const std::size_t ahead_share = (KB + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
-        const bool widen_once = widens_key_block_once<E>(query_tiles, d);
-        for (std::size_t j = 0; j < n; j += KB) {
-            const std::size_t kr = min_size(KB, n - j);
-            const E* kj = k.data + j * k.stride;
-            if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
-                if (prefetch)
-                    for (std::size_t i = j + KB; i < min_size(n, j + 2 * KB); ++i)
-                        prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
-            }
-            if (widen_once) {
-                if (m0 == 0 && d != 0) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
-                scores_block_widened<Arch, E>(reader, scale, q, m0, m_end, kj, k.stride, kr, s.data + j, s.stride);
-                continue;
-            }
-            for (std::size_t m = m0; m < m_end; m += QB) {
-                if (m0 == 0 && d != 0) {  // the block's read-ahead, a share per query tile
-                    const std::size_t a0 = min_size((m - m0) / QB * ahead_share, kr), a1 = min_size(a0 + ahead_share, kr);
-                    read_ahead<Arch>(stream, j + stream.distance + a0, j + stream.distance + a1);
-                }
-                const std::size_t qr = min_size(QB, m_end - m);
-                const float* qm = q.data + m * q.stride;
-                float* sm = s.data + m * s.stride + j;
-                if (qr == QB && kr == KB)
-                    scores_tile<Arch, E, QB, KB>(reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
-                else
-                    kScoresTable<Arch, E>.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
-            }
-        }
-    }
+    if (M > 2)
+        scores_in_tiles<Arch, E, typename Shapes::Tall>(reader, stream, scale, q, k, s);
+    else
+        scores_in_tiles<Arch, E, typename Shapes::Wide>(reader, stream, scale, q, k, s);
 }
 
 template <class Arch, class E>
