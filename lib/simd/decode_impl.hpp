@@ -59,20 +59,21 @@
 #include "read_ahead.hpp"        // RowStream, read_ahead
 #include "row_tail.hpp"          // row_detail::load_head / store_head (SSE2 partial vectors)
 
-namespace mha::simd {
-namespace decode_detail {
 // The tile functions start on a 64-byte boundary: their loops are a few instructions long, and on Zen 2 the same
 // machine code ran up to 10 % slower at another offset (int8 accumulate, M 8 and 16: function start at 48 mod
 // 64 against 0), so their speed moved with unrelated changes elsewhere in the TU.
 #define MHA_DECODE_TILE __attribute__((aligned(64)))
 
+namespace mha::simd {
+namespace decode_detail {
 namespace {
 constexpr std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
 constexpr std::size_t max_size(std::size_t a, std::size_t b) noexcept { return b > a ? b : a; }
 // Query rows per scores block: MQ·d <= kScoresQueryFloats (16 KB of q stay in L1 while the K tile
 // streams past; later query blocks read the tile from L2).
 constexpr std::size_t kScoresQueryFloats = 4096;
-// Query tiles per block above which scores prefetches the next key block into L2 (compute-bound).
+// Query rows per block above which scores prefetches the next key block into L2 (compute-bound): more than
+// this many wide tiles' rows.
 constexpr std::size_t kScoresPrefetchTiles = 4;
 // V rows per accumulate chunk: J rows of at most kChunkBytesFew bytes when a chunk has at most
 // kFewQueryTiles query tiles (memory-bound: a 4 KB chunk keeps the gaps short in which the other tiles
@@ -607,10 +608,10 @@ inline MHA_GEMM_INLINE void for_each_vector(std::size_t d, Full&& full, Partial&
     if (body < d) part(body, d - body);
 }
 
-// One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB; ScoresShape the usual one).
+// One register tile: s[m, j] for m < QR, j < KR (QR <= QB, KR <= KB; ScoresShapes says which).
 template <class Arch, class T, std::size_t QR, std::size_t KR>
-MHA_DECODE_TILE void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k, std::size_t ldk,
-                 float* s, std::size_t lds) noexcept {
+MHA_DECODE_TILE void scores_tile(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq, const T* k,
+                                 std::size_t ldk, float* s, std::size_t lds) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, QB = DecodeTiles<Arch>::QB;
     const std::size_t d = reader.d;
@@ -646,7 +647,7 @@ MHA_DECODE_TILE void scores_tile(const RowReader<Arch, T>& reader, float scale, 
 // lanes of the last vector past d: 0), exactly as the kernels read them.
 template <class Arch, class T>
 MHA_DECODE_TILE void widen_rows(const RowReader<Arch, T>& reader, const T* k, std::size_t ldk, std::size_t kr, float* w,
-                std::size_t ldw) noexcept {
+                                std::size_t ldw) noexcept {
     constexpr std::size_t W = batch<Arch>::size;
     for (std::size_t i = 0; i < kr; ++i) {
         typename RowReader<Arch, T>::Row row = reader.row(k + i * ldk);
@@ -672,7 +673,8 @@ constexpr std::size_t kWidenMaxD = 256;
 // (AVX2, d 64 and 128) with tiles of 2 query rows: e4m3 (the costliest widening) gains from 2 tiles (M 4:
 // 16.4 -> 12.4 ms), int8 and e5m2 from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain
 // 12-26 %). With AVX2's tall tiles of 4 rows: at one tile (M 4) all three lose (e4m3 10.7 -> 11.9 ms); at 2
-// (M 8) e5m2 gains (13.4 -> 12.5), int8 loses (13.1 -> 14.2), e4m3 breaks even. 16-bit keys lose (bf16, M 4:
+// (M 8) e5m2 gains (13.4 -> 12.5), int8 breaks even or loses (13.1 -> 13.2-14.2 over builds), e4m3 breaks
+// even. 16-bit keys lose (bf16, M 4:
 // 6.3 -> 8.0 ms) and float keys need no widening.
 template <class Arch, class T, class Shape>
 constexpr bool widens_key_block_once(std::size_t query_tiles, std::size_t d) noexcept {
@@ -709,9 +711,10 @@ inline constexpr ScoresTable<Arch, T> kScoresTable =
 // s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats (wide tiles).
 // The same values, so the same bits, as widening them per tile (scores_tile on T). d <= kWidenMaxD.
 template <class Arch, class T>
-MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& reader, float scale, ConstMatrix q,
-                                                    std::size_t m0, std::size_t m_end, const T* k, std::size_t ldk,
-                                                    std::size_t kr, float* s, std::size_t lds) noexcept {
+MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowReader<Arch, T>& reader, float scale,
+                                                                    ConstMatrix q, std::size_t m0, std::size_t m_end,
+                                                                    const T* k, std::size_t ldk, std::size_t kr, float* s,
+                                                                    std::size_t lds) noexcept {
     using Shape = typename ScoresShapes<Arch, float>::Wide;
     constexpr std::size_t W = batch<Arch>::size, KB = DecodeTiles<Arch>::KB;
     alignas(64) float widened[KB * kWidenMaxD];
@@ -722,7 +725,8 @@ MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowRea
         const std::size_t qr = min_size(Shape::rows, m_end - m);
         const float* qm = q.data + m * q.stride;
         if (qr == Shape::rows && kr == Shape::keys)
-            scores_tile<Arch, float, Shape::rows, Shape::keys>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+            scores_tile<Arch, float, Shape::rows, Shape::keys>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds,
+                                                               lds);
         else
             kScoresTable<Arch, float>.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
     }
@@ -779,8 +783,9 @@ void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& st
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
 // v: the rows' starts; the tile's columns start at c0 of them.
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
-MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp, const T* v,
-                     std::size_t ldv, std::size_t c0, float* o, std::size_t ldo, std::size_t r, const RowPlan<Arch>& plan) noexcept {
+MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp,
+                                     const T* v, std::size_t ldv, std::size_t c0, float* o, std::size_t ldo, std::size_t r,
+                                     const RowPlan<Arch>& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
     const Part<Arch> part(P ? r : 1);
