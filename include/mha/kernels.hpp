@@ -9,7 +9,7 @@
 namespace mha {
 
 enum class Backend { scalar, simd };  // scalar: the plain-loop reference; simd: xsimd, best ISA at run time
-enum class Trans { no, yes };         // op(X) = X or Xᵀ
+// Trans (op(X) = X or Xᵀ): mha/view.hpp.
 
 // C = alpha · op(A) · op(B) + beta · C.
 //   op(A) is [M, K], op(B) is [K, N], C is [M, N]; every view row-major with its own stride.

@@ -1,4 +1,4 @@
-// Non-owning row-major matrix views with a row stride (in elements).
+// Non-owning row-major matrix views with a row stride (in elements), and how an operand view is read (Trans).
 // Element (i, j) of a view lives at data[i * stride + j]; stride >= cols.
 // C++17 like every public header, so programs on an older standard can include it.
 #pragma once
@@ -65,5 +65,7 @@ struct BatchView {
 
 using Batch = BatchView<float>;
 using ConstBatch = BatchView<const float>;
+
+enum class Trans { no, yes };  // an operand view X read as op(X) = X or Xᵀ
 
 }  // namespace mha

@@ -8,7 +8,6 @@
 
 #include "mha/half.hpp"
 #include "mha/isa.hpp"
-#include "mha/kernels.hpp"
 #include "mha/view.hpp"
 #include "mask_row.hpp"
 #include "rows_ahead.hpp"
