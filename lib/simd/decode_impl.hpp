@@ -98,7 +98,7 @@ using batch = xsimd::batch<float, Arch>;
 template <class Arch>
 struct DecodeTiles {
     static constexpr std::size_t W = batch<Arch>::size;
-    // scores: at most QB query rows × KB key rows of accumulators (ScoresShape picks a tile's shape).
+    // scores: at most QB query rows × KB key rows of accumulators (ScoresShapes picks a tile's shape).
     static constexpr std::size_t QB = W == 4 ? 2 : 4;
     static constexpr std::size_t KB = 4;
     // accumulate: MB query rows × NV vectors, plus NV V vectors and a broadcast p
@@ -674,8 +674,7 @@ constexpr std::size_t kWidenMaxD = 256;
 // 16.4 -> 12.4 ms), int8 and e5m2 from 3 (at 2, int8 loses 7-14 %, e5m2 breaks even; at 4, M 8, they gain
 // 12-26 %). With AVX2's tall tiles of 4 rows: at one tile (M 4) all three lose (e4m3 10.7 -> 11.9 ms); at 2
 // (M 8) e5m2 gains (13.4 -> 12.5), int8 breaks even or loses (13.1 -> 13.2-14.2 over builds), e4m3 breaks
-// even. 16-bit keys lose (bf16, M 4:
-// 6.3 -> 8.0 ms) and float keys need no widening.
+// even. 16-bit keys lose (bf16, M 4: 6.3 -> 8.0 ms) and float keys need no widening.
 template <class Arch, class T, class Shape>
 constexpr bool widens_key_block_once(std::size_t query_tiles, std::size_t d) noexcept {
     if (d > kWidenMaxD || sizeof(T) != 1) return false;
@@ -694,18 +693,42 @@ struct ScoresTable {
     ScoresTileFn<Arch, T> f[DecodeTiles<Arch>::QB][DecodeTiles<Arch>::KB];  // [rows - 1][keys - 1]
 };
 
+// The tile of QR rows × KR keys where one of T's shapes holds it, else null (never called: a kernel's tiles
+// are at most its shape; AVX2 keeps no 3-4 × 3-4 tiles, which would spill).
+template <class Arch, class T, std::size_t QR, std::size_t KR>
+constexpr ScoresTileFn<Arch, T> scores_entry() {
+    using Shapes = ScoresShapes<Arch, T>;
+    constexpr bool in_wide = QR <= Shapes::Wide::rows && KR <= Shapes::Wide::keys;
+    constexpr bool in_tall = QR <= Shapes::Tall::rows && KR <= Shapes::Tall::keys;
+    if constexpr (in_wide || in_tall)
+        return &scores_tile<Arch, T, QR, KR>;
+    else
+        return nullptr;
+}
+
 template <class Arch, class T, std::size_t... I>
 constexpr ScoresTable<Arch, T> make_scores_table(std::index_sequence<I...>) {
     constexpr std::size_t KB = DecodeTiles<Arch>::KB;
     ScoresTable<Arch, T> t{};
-    ((t.f[I / KB][I % KB] = &scores_tile<Arch, T, I / KB + 1, I % KB + 1>), ...);
+    ((t.f[I / KB][I % KB] = scores_entry<Arch, T, I / KB + 1, I % KB + 1>()), ...);
     return t;
 }
 
-// The tiles of every shape, for the tails of the query rows and keys.
+// The tiles of T's shapes, for the tails of the query rows and keys.
 template <class Arch, class T>
 inline constexpr ScoresTable<Arch, T> kScoresTable =
     make_scores_table<Arch, T>(std::make_index_sequence<DecodeTiles<Arch>::QB * DecodeTiles<Arch>::KB>{});
+
+// The scores of query rows [0, qr) at q against key rows [0, kr) at k into s: one tile of Shape, or of its tail.
+template <class Arch, class T, class Shape>
+inline MHA_GEMM_INLINE void scores_tile_of(const RowReader<Arch, T>& reader, float scale, const float* q, std::size_t ldq,
+                                           std::size_t qr, const T* k, std::size_t ldk, std::size_t kr, float* s,
+                                           std::size_t lds) noexcept {
+    if (qr == Shape::rows && kr == Shape::keys)
+        scores_tile<Arch, T, Shape::rows, Shape::keys>(reader, scale, q, ldq, k, ldk, s, lds);
+    else
+        kScoresTable<Arch, T>.f[qr - 1][kr - 1](reader, scale, q, ldq, k, ldk, s, lds);
+}
 
 // The scores of one key block (kr <= KB rows at k, row stride ldk) for query rows [m0, m_end) of q, into
 // s[m·lds + j] (j < kr): the keys widened once into L1 and read by every query tile as floats (wide tiles).
@@ -723,12 +746,8 @@ MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowRea
     const RowReader<Arch, float> float_reader{d, 1.0f};
     for (std::size_t m = m0; m < m_end; m += Shape::rows) {
         const std::size_t qr = min_size(Shape::rows, m_end - m);
-        const float* qm = q.data + m * q.stride;
-        if (qr == Shape::rows && kr == Shape::keys)
-            scores_tile<Arch, float, Shape::rows, Shape::keys>(float_reader, scale, qm, q.stride, widened, ldw, s + m * lds,
-                                                               lds);
-        else
-            kScoresTable<Arch, float>.f[qr - 1][kr - 1](float_reader, scale, qm, q.stride, widened, ldw, s + m * lds, lds);
+        scores_tile_of<Arch, float, Shape>(float_reader, scale, q.data + m * q.stride, q.stride, qr, widened, ldw, kr,
+                                           s + m * lds, lds);
     }
 }
 
@@ -767,12 +786,8 @@ void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& st
                     read_ahead<Arch>(stream, j + stream.distance + a0, j + stream.distance + a1);
                 }
                 const std::size_t qr = min_size(QR, m_end - m);
-                const float* qm = q.data + m * q.stride;
-                float* sm = s.data + m * s.stride + j;
-                if (qr == QR && kr == Shape::keys)
-                    scores_tile<Arch, E, QR, Shape::keys>(reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
-                else
-                    kScoresTable<Arch, E>.f[qr - 1][kr - 1](reader, scale, qm, q.stride, kj, k.stride, sm, s.stride);
+                scores_tile_of<Arch, E, Shape>(reader, scale, q.data + m * q.stride, q.stride, qr, kj, k.stride, kr,
+                                               s.data + m * s.stride + j, s.stride);
             }
         }
     }
