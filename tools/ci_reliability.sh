@@ -44,9 +44,13 @@ step() {  # step NAME COMMAND...: runs the command, records PASS/FAIL and its du
   fi
 }
 
+# The sanitized builds keep line tables only (-g1): enough for the reports' function, file and line, and about
+# 20 % less compile time than full debug info (-g) under ASan.
+debug_lines=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+
 asan() {
   local b=${prefix}asan
-  CXX=g++ cmake -S . -B "$b" -DMHA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_BUILD_BENCH=OFF &&
+  CXX=g++ cmake -S . -B "$b" -DMHA_SANITIZE=ON "${debug_lines[@]}" -DMHA_BUILD_BENCH=OFF &&
     cmake --build "$b" -j "$jobs" &&
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -58,7 +62,7 @@ asan() {
 fuzz_build() {
   local b=${prefix}fuzz
   CXX=clang++ cmake -S . -B "$b" -DMHA_BUILD_FUZZERS=ON -DMHA_SANITIZE=ON -DMHA_BUILD_TESTS=OFF \
-    -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+    -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCH=OFF "${debug_lines[@]}" &&
     cmake --build "$b" -j "$jobs" --target fuzz_npy fuzz_attention fuzz_sdpa fuzz_paged_step
 }
 
