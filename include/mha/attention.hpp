@@ -233,6 +233,15 @@ struct AttentionOutputs {
                                     // must not overlap the inputs or the output
 };
 
+// The attention core's operands (mha/sdpa.hpp): projected heads and the masks over them.
+struct SdpaInputs {
+    ConstHeads query;            // [B, H, Lq, d]
+    ConstHeads key;              // [B, Hkv, Lk, d]
+    ConstHeads value;            // [B, Hkv, Lk, d]
+    MaskView key_padding_mask;   // optional, [B, Lk]
+    MaskView attn_mask;          // optional, [Lq, Lk] or [B·H, Lq, Lk]
+};
+
 // Activations held in 16-bit floats (mha/half.hpp) where the caller keeps them: query/key/value and the
 // output as uint16 views of bfloat16 or float16 bits (`type`), strided as AttentionInputs. The forward
 // widens the inputs exactly into fp32 copies (leased from the scratch cache, like the workspace), runs as

@@ -12,62 +12,20 @@
 //   The G query heads of a group are computed together against one pass over the group's keys: K and V
 //   are read once per group, never copied per query head.
 //
-// Layouts: every tensor is a HeadsView with its own batch, head and row strides (elements), so
+// Inputs: SdpaInputs (mha/attention.hpp, beside the layer's inputs).
+// Layouts: every tensor is a HeadsView (mha/view.hpp) with its own batch, head and row strides (elements), so
 // [B, H, L, d] and [B, L, H, d] (and the output as [B, Lq, H·d]) work without copies.
 // Zero sizes: B = 0 or Lq = 0 computes nothing; Lk = 0 gives zero rows (every key masked); a view with no
 // elements may be null; H, Hkv and d must be > 0. Such calls take AttentionPath::scalar and need no workspace.
 #pragma once
 #include <cstddef>
 #include <optional>
-#include <type_traits>
 
 #include "mha/attention.hpp"
 #include "mha/view.hpp"
 #include "mha/workspace.hpp"
 
 namespace mha {
-
-// A 4-D strided view [batch, heads, rows, dim]: element (b, h, i, c) at
-// data[b·batch_stride + h·head_stride + i·row_stride + c]. Rows are contiguous (dim elements).
-template <class T>
-struct HeadsView {
-    T* data = nullptr;
-    std::size_t batch = 0, heads = 0, rows = 0, dim = 0;
-    std::size_t batch_stride = 0, head_stride = 0, row_stride = 0;
-
-    constexpr HeadsView() = default;
-    constexpr HeadsView(T* p, std::size_t b, std::size_t h, std::size_t l, std::size_t d, std::size_t bs, std::size_t hs,
-                        std::size_t rs)
-        : data(p), batch(b), heads(h), rows(l), dim(d), batch_stride(bs), head_stride(hs), row_stride(rs) {}
-    template <class U, std::enable_if_t<detail::adds_const_v<T, U>, int> = 0>
-    constexpr HeadsView(const HeadsView<U>& o)  // NOLINT(google-explicit-constructor)
-        : data(o.data), batch(o.batch), heads(o.heads), rows(o.rows), dim(o.dim), batch_stride(o.batch_stride),
-          head_stride(o.head_stride), row_stride(o.row_stride) {}
-
-    // Contiguous [B, H, L, d] (PyTorch's SDPA layout).
-    static constexpr HeadsView bhld(T* p, std::size_t b, std::size_t h, std::size_t l, std::size_t d) {
-        return {p, b, h, l, d, h * l * d, l * d, d};
-    }
-    // Contiguous [B, L, H, d], i.e. [B, L, H·d] with head h in columns [h·d, h·d + d).
-    static constexpr HeadsView blhd(T* p, std::size_t b, std::size_t l, std::size_t h, std::size_t d) {
-        return {p, b, h, l, d, l * h * d, d, h * d};
-    }
-    // Head h of batch b as a [rows, dim] matrix.
-    constexpr MatrixView<T> head(std::size_t b, std::size_t h) const {
-        return {data + b * batch_stride + h * head_stride, rows, dim, row_stride};
-    }
-};
-
-using Heads = HeadsView<float>;
-using ConstHeads = HeadsView<const float>;
-
-struct SdpaInputs {
-    ConstHeads query;            // [B, H, Lq, d]
-    ConstHeads key;              // [B, Hkv, Lk, d]
-    ConstHeads value;            // [B, Hkv, Lk, d]
-    MaskView key_padding_mask;   // optional, [B, Lk]
-    MaskView attn_mask;          // optional, [Lq, Lk] or [B·H, Lq, Lk]
-};
 
 struct SdpaOptions {
     bool causal = false;

@@ -1,4 +1,5 @@
-// Non-owning row-major matrix views with a row stride (in elements), and how an operand view is read (Trans).
+// Non-owning row-major matrix views with a row stride (in elements), batches of them, 4-D head views, and how
+// an operand view is read (Trans).
 // Element (i, j) of a view lives at data[i * stride + j]; stride >= cols.
 // C++17 like every public header, so programs on an older standard can include it.
 #pragma once
@@ -65,6 +66,40 @@ struct BatchView {
 
 using Batch = BatchView<float>;
 using ConstBatch = BatchView<const float>;
+
+// A 4-D strided view [batch, heads, rows, dim]: element (b, h, i, c) at
+// data[b·batch_stride + h·head_stride + i·row_stride + c]. Rows are contiguous (dim elements).
+template <class T>
+struct HeadsView {
+    T* data = nullptr;
+    std::size_t batch = 0, heads = 0, rows = 0, dim = 0;
+    std::size_t batch_stride = 0, head_stride = 0, row_stride = 0;
+
+    constexpr HeadsView() = default;
+    constexpr HeadsView(T* p, std::size_t b, std::size_t h, std::size_t l, std::size_t d, std::size_t bs, std::size_t hs,
+                        std::size_t rs)
+        : data(p), batch(b), heads(h), rows(l), dim(d), batch_stride(bs), head_stride(hs), row_stride(rs) {}
+    template <class U, std::enable_if_t<detail::adds_const_v<T, U>, int> = 0>
+    constexpr HeadsView(const HeadsView<U>& o)  // NOLINT(google-explicit-constructor)
+        : data(o.data), batch(o.batch), heads(o.heads), rows(o.rows), dim(o.dim), batch_stride(o.batch_stride),
+          head_stride(o.head_stride), row_stride(o.row_stride) {}
+
+    // Contiguous [B, H, L, d] (PyTorch's SDPA layout).
+    static constexpr HeadsView bhld(T* p, std::size_t b, std::size_t h, std::size_t l, std::size_t d) {
+        return {p, b, h, l, d, h * l * d, l * d, d};
+    }
+    // Contiguous [B, L, H, d], i.e. [B, L, H·d] with head h in columns [h·d, h·d + d).
+    static constexpr HeadsView blhd(T* p, std::size_t b, std::size_t l, std::size_t h, std::size_t d) {
+        return {p, b, h, l, d, l * h * d, d, h * d};
+    }
+    // Head h of batch b as a [rows, dim] matrix.
+    constexpr MatrixView<T> head(std::size_t b, std::size_t h) const {
+        return {data + b * batch_stride + h * head_stride, rows, dim, row_stride};
+    }
+};
+
+using Heads = HeadsView<float>;
+using ConstHeads = HeadsView<const float>;
 
 enum class Trans { no, yes };  // an operand view X read as op(X) = X or Xᵀ
 

@@ -6,7 +6,6 @@
 #include <cstddef>
 
 #include "mha/attention.hpp"
-#include "mha/sdpa.hpp"
 #include "mha/view.hpp"
 #include "../core/element_format.hpp"
 
