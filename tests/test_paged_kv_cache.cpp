@@ -17,6 +17,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <set>
 #include <vector>
 
 #include <mha/mha.hpp>
@@ -417,6 +418,38 @@ TEST(PagedKVCache, ForkSharesBlocksAndCopiesOnWrite) {
         EXPECT_TRUE(same_bits(std::vector<float>(y.begin() + std::ptrdiff_t(row * E), y.begin() + std::ptrdiff_t((row + 1) * E)), one));
         EXPECT_TRUE(same_bits(paged_rows(c, s, 0, true), contiguous_rows(kv, 0, 0, true)));
     }
+    // When every holder of the shared block writes, one copy fewer than holders is needed: an exact-fit pool
+    // (3 blocks held, 1 free) takes the same step, with the same bits, and three holders need two copies.
+    mha::PagedKVCache tight(4, 16, 2, d);
+    const std::size_t ta0 = tight.add_sequence();
+    (void)step_rows(m, tight, {ta0}, {40}, prompt, E);
+    const std::size_t tb0 = tight.fork(ta0);
+    EXPECT_TRUE(same_bits(step_rows(m, tight, {ta0, tb0}, {1, 1}, both, E), y));
+    EXPECT_EQ(tight.used_blocks(), 4u);
+    for (const auto& [s, t] : {std::pair<std::size_t, std::size_t>{a, ta0}, {b, tb0}})
+        EXPECT_TRUE(same_bits(paged_rows(c, s, 1, false), paged_rows(tight, t, 1, false)));
+    mha::PagedKVCache three(5, 16, 2, d);
+    const std::size_t h0 = three.add_sequence();
+    (void)step_rows(m, three, {h0}, {40}, prompt, E);
+    const std::size_t h1 = three.fork(h0), h2 = three.fork(h0);
+    std::vector<float> all3(both);
+    all3.insert(all3.end(), ta.begin(), ta.end());
+    (void)step_rows(m, three, {h0, h1, h2}, {1, 1, 1}, all3, E);
+    EXPECT_EQ(three.used_blocks(), 5u);
+    const std::set<std::uint32_t> last{three.block_table(h0)[2], three.block_table(h1)[2], three.block_table(h2)[2]};
+    EXPECT_EQ(last.size(), 3u);
+    mha::PagedKVCache some(4, 16, 2, d);  // two of three holders write: both copy, and one block is free
+    const std::size_t p0 = some.add_sequence();
+    (void)step_rows(m, some, {p0}, {40}, prompt, E);
+    const std::size_t p1 = some.fork(p0), p2 = some.fork(p0);
+    try {
+        (void)step_rows(m, some, {p0, p2}, {1, 1}, both, E);
+        ADD_FAILURE() << "a step needing 2 blocks ran with 1 free";
+    } catch (const mha::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("1 free blocks but this step needs 2"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(some.used_blocks(), 3u);
+    EXPECT_EQ(some.length(p0) + some.length(p1) + some.length(p2), 120u);
     // A fork of a sequence whose last block is full shares everything and copies nothing on its next write.
     mha::PagedKVCache full(8, 16, 2, d);
     const std::size_t p = full.add_sequence();
@@ -505,6 +538,8 @@ TEST(PagedKVCache, ExhaustionAndBadStepsChangeNothing) {
     refused({a, b}, {1, 1}, 3, "T = sum of q_lens");
     refused({a, 9}, {1, 1}, 2, "sequence 9 is not in this paged KV cache");
     refused({}, {}, 1, "at least one sequence");
+    // More new blocks than the whole pool: refused before the step sizes anything by its tokens (x is not read).
+    refused({a, b}, {1, std::size_t{1} << 40}, 1, "this step needs at least 68719476736, more than its 4 blocks");
     {  // a Backend value that is neither scalar nor simd
         const std::vector<float> x = uniform(2 * E, 1.0f, 8);
         std::vector<float> y(2 * E, 7.0f);

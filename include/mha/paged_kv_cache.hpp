@@ -110,6 +110,8 @@ public:
     // A new empty sequence (no block until its first token).
     std::size_t add_sequence();
     // A new sequence sharing all of s's blocks and its length (no copy until one of them writes a shared block).
+    // A step in which every holder of a shared partial block writes into it makes one copy fewer than holders
+    // (the longest keeps the block), so blocks needed = new blocks + those copies.
     std::size_t fork(std::size_t s);
     std::size_t length(std::size_t s) const;
     // Block ids of s's first ceil(length / block_size) blocks.

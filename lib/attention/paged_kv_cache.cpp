@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -58,6 +59,7 @@ StepComposition PagedKVCacheAccess::compose_step(const PagedKVCache& c, const st
     r.ids.assign(ids, ids + n);
     r.query_starts.assign(n + 1, 0);
     r.key_lengths.assign(n, 0);
+    std::size_t new_blocks = 0;
     std::vector<std::size_t> sorted(ids, ids + n);
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t i = 0; i + 1 < n; ++i)
@@ -71,6 +73,11 @@ StepComposition PagedKVCacheAccess::compose_step(const PagedKVCache& c, const st
         r.query_starts[i + 1] = r.query_starts[i] + q_lens[i];
         if (r.query_starts[i + 1] < r.query_starts[i]) fail("the step's token count overflows");
         r.table_stride = std::max(r.table_stride, blocks_for(r.key_lengths[i], bs));
+        // Checked here, before anything is sized by the step: more new blocks than the whole pool never fit.
+        new_blocks += blocks_for(r.key_lengths[i], bs) - blocks_for(len, bs);
+        if (new_blocks > c.pool_.num_blocks)
+            fail("the paged KV cache has " + str(c.free_.size()) + " free blocks but this step needs at least " + str(new_blocks) +
+                 ", more than its " + str(c.pool_.num_blocks) + " blocks of " + str(bs) + " tokens in all");
     }
     return r;
 }
@@ -79,6 +86,13 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
     const std::size_t bs = c.pool_.block_size, n = step.sequences;
     if (bs != step.block_size)
         fail("the step plan was made for blocks of " + str(step.block_size) + " tokens but this cache has blocks of " + str(bs));
+    // Copy-on-write of a shared partial last block: each of its writers in this step copies it, except that when
+    // every sequence holding it writes, the longest of them (the last such in step order) keeps it and writes in
+    // place, past every other holder's rows (so a failed step leaves only rows nobody reads).
+    struct SharedWrite {
+        std::size_t writers = 0, keeper = 0, keeper_past = 0;
+    };
+    std::map<std::uint32_t, SharedWrite> shared;
     std::size_t needed = 0;
     for (std::size_t i = 0; i < n; ++i) {
         const std::size_t id = step.ids[i], q = step.query_starts[i + 1] - step.query_starts[i], past = step.key_lengths[i] - q;
@@ -88,9 +102,13 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
         if (s.length != past)
             fail("the step plan was made for sequence " + str(id) + " at " + str(past) + " tokens but this cache holds " +
                  str(s.length) + " (a plan serves one step, in caches that took the same steps)");
-        const bool cow = past % bs != 0 && c.refs_[s.blocks.back()] > 1;
-        needed += blocks_for(step.key_lengths[i], bs) - blocks_for(past, bs) + (cow ? 1 : 0);
+        needed += blocks_for(step.key_lengths[i], bs) - blocks_for(past, bs);
+        if (past % bs != 0 && c.refs_[s.blocks.back()] > 1) {
+            SharedWrite& w = shared[s.blocks.back()];
+            if (w.writers++ == 0 || past >= w.keeper_past) w.keeper = i, w.keeper_past = past;
+        }
     }
+    for (const auto& [block, w] : shared) needed += w.writers == c.refs_[block] ? w.writers - 1 : w.writers;
     if (needed > c.free_.size())
         fail("the paged KV cache has " + str(c.free_.size()) + " free blocks but this step needs " + str(needed) + " (" +
              str(c.pool_.num_blocks) + " blocks of " + str(bs) + " tokens in all)");
@@ -103,9 +121,12 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
         std::uint32_t* t = r.tables.data() + i * step.table_stride;
         std::copy(s.blocks.begin(), s.blocks.end(), t);
         if (s.length % bs != 0 && c.refs_[s.blocks.back()] > 1) {
-            const std::uint32_t copy = c.free_[--next];
-            r.copies.emplace_back(s.blocks.back(), copy);
-            t[s.blocks.size() - 1] = copy;
+            const SharedWrite& w = shared[s.blocks.back()];
+            if (w.writers != c.refs_[s.blocks.back()] || w.keeper != i) {
+                const std::uint32_t copy = c.free_[--next];
+                r.copies.emplace_back(s.blocks.back(), copy);
+                t[s.blocks.size() - 1] = copy;
+            }
         }
         for (std::size_t b = s.blocks.size(); b < blocks_for(step.key_lengths[i], bs); ++b) t[b] = c.free_[--next];
     }

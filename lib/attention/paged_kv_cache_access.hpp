@@ -3,13 +3,15 @@
 //   compose_step: what the step is (ids, q_i, key lengths), validated against the cache; the same for every
 //     cache holding those sequences at those lengths (the caches of a model's layers; mha::StepPlan keeps it);
 //   reserve_step: for one cache, each sequence's blocks (new blocks for rows past its last block; a copy of
-//     its last block when that block is shared with a fork and the step writes into it) and its dense block
+//     its last block when that block is shared with a fork and the step writes into it, except for the longest
+//     holder when every holder writes: it keeps the block) and its dense block
 //     table; mha::invalid_argument naming blocks needed and free when the pool lacks them;
 //   prepare_step: grows the tables' capacity, copies the shared blocks' rows into their private copies (free
 //     blocks: nothing visible);
 //   commit_step: the tables, lengths, reference counts and free list.
 // Writes of the new rows go to blocks the step owns alone (new, copied, or an unshared last block past the
-// sequence's length), so a failure before the commit leaves the cache as it was.
+// sequence's length) or, for the keeper of a shared block, past every other holder's length: so a failure
+// before the commit leaves every row any sequence reads as it was.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -134,6 +134,40 @@ def test_errors_change_nothing():
         mha.PagedKVCache(4, 16, Hkv, d, dtype="f64")
 
 
+def test_shared_block_written_by_every_holder_needs_one_copy_fewer():
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, _ = make_layer(E, H, Hkv, d)
+    cache = mha.PagedKVCache(3, 16, Hkv, d)  # s takes 2 blocks, 1 is free
+    s = cache.add_sequence()
+    layer(rand(20, E), cache=cache, seq_ids=[s], q_lens=[20])
+    t = cache.fork(s)
+    layer(rand(2, E), cache=cache, seq_ids=[s, t], q_lens=[1, 1])  # one copy; the other holder keeps the block
+    assert cache.free_blocks == 0 and cache.length(s) == cache.length(t) == 21
+    u = cache.fork(s)
+    with pytest.raises(ValueError, match="0 free blocks but this step needs 1"):
+        layer(rand(1, E), cache=cache, seq_ids=[u], q_lens=[1])
+
+
+def test_bad_ids_and_counts_are_value_or_type_errors():
+    E, H, Hkv, d = 32, 4, 2, 8
+    layer, _ = make_layer(E, H, Hkv, d)
+    cache = mha.PagedKVCache(4, 16, Hkv, d)
+    s = cache.add_sequence()
+    layer(rand(3, E), cache=cache, seq_ids=[s], q_lens=[3])
+    keys = cache.keys(s)
+    for call in [lambda: cache.length(-1), lambda: cache.truncate(s, -1), lambda: cache.fork(-3), lambda: cache.keys(-1),
+                 lambda: cache.free_sequence(-1), lambda: mha.PagedKVCache(-1, 16, Hkv, d)]:
+        with pytest.raises(ValueError, match=">= 0"):
+            call()
+    for ids, q in [([0.5], [1]), ([s], [1.0]), ([None], [1])]:
+        with pytest.raises(TypeError, match="must be an int"):
+            layer(rand(1, E), cache=cache, seq_ids=ids, q_lens=q)
+    with pytest.raises(ValueError, match="needs at least"):  # sized by the pool before anything by the tokens
+        layer(rand(1, E), cache=cache, seq_ids=[s], q_lens=[2**40])
+    assert cache.length(s) == 3 and cache.free_blocks == 3
+    np.testing.assert_array_equal(cache.keys(s), keys)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
 def test_scalar_backend_steps_equal_the_kv_cache_reference(dtype):
     """backend='scalar' runs each sequence through the reference of cached decoding: bitwise the contiguous
