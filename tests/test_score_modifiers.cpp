@@ -423,6 +423,31 @@ TEST(SdpaModifiersEdges, WindowLongerThanSequenceIsNoWindow) {
     });
 }
 
+// Window sides up to LLONG_MAX (a caller's "no limit") keep every key: position ± side must not overflow.
+// Not causal, bottom-right with Lq > Lk (negative positions), on every path and both backends.
+TEST(SdpaModifiersEdges, WindowSidesOfAnyLengthAreNoWindow) {
+    constexpr long long kMax = std::numeric_limits<long long>::max();
+    for (std::size_t Lq : {3u, 90u}) {  // decode / grouped and materialized
+        SdpaCase cs{"huge window", 1, 4, 2, Lq, 60, 16, false, TL::bottom_right, {}};
+        SdpaData D(cs);
+        mha_test::for_each_cpu_isa([&] {
+            for (mha::Backend backend : {mha::Backend::simd, mha::Backend::scalar})
+                for (mha::Algorithm impl : {mha::Algorithm::materialized, mha::Algorithm::fused}) {
+                    D.c.mods.left = D.c.mods.right = -1;
+                    const std::vector<float> none = D.run(backend, impl);
+                    for (long long side : {kMax, kMax - 5, kMax / 2}) {
+                        D.c.mods.left = side, D.c.mods.right = -1;
+                        EXPECT_TRUE(mha_decode_test::same_bits(none, D.run(backend, impl))) << "left " << side << " Lq " << Lq;
+                        D.c.mods.left = -1, D.c.mods.right = side;
+                        EXPECT_TRUE(mha_decode_test::same_bits(none, D.run(backend, impl))) << "right " << side << " Lq " << Lq;
+                        D.c.mods.left = D.c.mods.right = side;
+                        EXPECT_TRUE(mha_decode_test::same_bits(none, D.run(backend, impl))) << "both " << side << " Lq " << Lq;
+                    }
+                }
+        });
+    }
+}
+
 // Prefill (grouped path): each K and V row is read once per call (packed once; every key is in some query's
 // window), and the key tiles outside a query block's windows are skipped by bounds, so NaN there does not
 // reach the queries whose windows lie past them.
@@ -513,6 +538,7 @@ TEST(SdpaModifiersValidation, RefusedWithNothingWritten) {
     m = {}, m.softcap = -1.0f, expect_refused(m, "softcap -1");
     m = {}, m.softcap = kNaN, expect_refused(m, "softcap NaN");
     m = {}, m.softcap = INFINITY, expect_refused(m, "softcap inf");
+    m = {}, m.softcap = 1e-40f, expect_refused(m, "softcap 1e-40 (subnormal: 1 / c is inf)");
     m = {}, m.sinks = bad_sinks.data(), expect_refused(m, "NaN sink");
     m = {}, m.alibi_slopes = bad_slopes.data(), expect_refused(m, "inf slope");
 }

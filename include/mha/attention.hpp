@@ -91,8 +91,8 @@ struct RopeConfig {
 //   sink σ_h (sinks [H]): joins each row's softmax denominator and adds no value (gpt-oss):
 //     P_ij = exp(s_ij − m) / (Σ_k exp(s_ik − m) + exp(σ_h − m)), m = max(max_k s_ik, σ_h);
 //     a row whose keys are all masked gives zeros; returned attention weights sum to less than 1.
-// All values must be finite (softcap > 0); window sides >= −1. The pointers are read during the call
-// (SdpaOptions) or copied at construction (AttentionConfig), like the weights.
+// All values must be finite (softcap > 0 and normal, >= 2^-126: the kernels multiply by 1 / c); window sides
+// >= −1. The pointers are read during the call (SdpaOptions) or copied at construction (AttentionConfig), like the weights.
 struct ScoreModifiers {
     long long window_left = -1, window_right = -1;
     float softcap = 0.0f;                  // 0: off

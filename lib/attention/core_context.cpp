@@ -69,8 +69,10 @@ KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {
     const std::ptrdiff_t pos = query_position(b, i), n = static_cast<std::ptrdiff_t>(keys);
     std::ptrdiff_t lo = 0, hi = n;  // [lo, hi) in signed arithmetic, then clamped to [0, keys]
     if (p.causal) hi = std::min(hi, pos + 1);
-    if (p.mods.window_right >= 0) hi = std::min<std::ptrdiff_t>(hi, pos + 1 + static_cast<std::ptrdiff_t>(p.mods.window_right));
-    if (p.mods.window_left >= 0) lo = std::max<std::ptrdiff_t>(lo, pos - static_cast<std::ptrdiff_t>(p.mods.window_left));
+    // Sides longer than any position (< 2^61: sizes in memory) are cut to 2^61: the same keys, and no overflow.
+    constexpr long long kLongest = 1LL << 61;
+    if (p.mods.window_right >= 0) hi = std::min<std::ptrdiff_t>(hi, pos + 1 + std::min(p.mods.window_right, kLongest));
+    if (p.mods.window_left >= 0) lo = std::max<std::ptrdiff_t>(lo, pos - std::min(p.mods.window_left, kLongest));
     hi = std::max<std::ptrdiff_t>(hi, 0);
     lo = std::min(lo, hi);
     return {static_cast<std::size_t>(lo), static_cast<std::size_t>(hi)};

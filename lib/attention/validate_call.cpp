@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -452,6 +454,11 @@ void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner) 
     if (m.window_right < -1) fail(o + ".window_right " + std::to_string(m.window_right) + " is below -1 (-1: unbounded)");
     if (!std::isfinite(m.softcap) || m.softcap < 0.0f)
         fail(o + ".softcap " + std::to_string(m.softcap) + " is not a finite value > 0 (0: off)");
+    if (m.softcap > 0.0f && m.softcap < std::numeric_limits<float>::min()) {  // the kernels multiply by 1 / c
+        char c[32];
+        std::snprintf(c, sizeof c, "%g", static_cast<double>(m.softcap));
+        fail(o + ".softcap " + c + " is below the smallest normal float 1.17549e-38 (its reciprocal must be finite)");
+    }
     auto check_heads_values = [&](const float* v, const char* name) {
         if (v == nullptr) return;
         checked_extent(name, v, H);

@@ -93,8 +93,8 @@ void attention_core(const SdpaInputs& in, const Heads& out, float scale, bool ca
                     const long long jj = static_cast<long long>(j);
                     if (mods.softcap > 0.0f) S(i, j) = mods.softcap * std::tanh(S(i, j) / mods.softcap);
                     if (mods.alibi_slopes != nullptr) S(i, j) += mods.alibi_slopes[h] * static_cast<float>(jj - pos);
-                    const bool outside = (mods.window_left >= 0 && jj < pos - mods.window_left) ||
-                                         (mods.window_right >= 0 && jj > pos + mods.window_right);
+                    const bool outside = (mods.window_left >= 0 && pos - jj > mods.window_left) ||  // (no overflow)
+                                         (mods.window_right >= 0 && jj - pos > mods.window_right);
                     const float kp = in.key_padding_mask.present() ? mask_value(in.key_padding_mask, 0, b, j) : 0.0f;
                     const float am = in.attn_mask.present() ? mask_value(in.attn_mask, b * H + h, i, j) : 0.0f;
                     masked[i * Lk + j] =
