@@ -22,6 +22,34 @@
 
 namespace py = pybind11;
 
+// A count, size, index or id argument: a Python int (or any object with __index__, as numpy's integers) >= 0.
+// pybind's own std::size_t caster reports a negative value as a TypeError ("incompatible function arguments");
+// here it is a ValueError, as the library's own refusals. A non-integer is still a TypeError.
+struct Count {
+    std::size_t value = 0;
+    operator std::size_t() const noexcept { return value; }  // NOLINT(google-explicit-constructor)
+};
+
+namespace pybind11::detail {
+template <>
+struct type_caster<Count> {
+    PYBIND11_TYPE_CASTER(Count, const_name("int"));
+    bool load(handle src, bool) {
+        if (!src || PyFloat_Check(src.ptr()) || !PyIndex_Check(src.ptr())) return false;
+        const object i = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
+        if (!i) throw error_already_set();
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+        if (overflow > 0 || (overflow == 0 && v >= 0 && static_cast<unsigned long long>(v) > SIZE_MAX))
+            throw value_error("an int argument is out of range: " + std::string(py::str(src)));
+        if (overflow < 0 || v < 0) throw value_error("sizes, counts and sequence ids must be >= 0, got " + std::string(py::str(src)));
+        value.value = static_cast<std::size_t>(v);
+        return true;
+    }
+    static handle cast(Count c, return_value_policy, handle) { return PyLong_FromSize_t(c.value); }
+};
+}  // namespace pybind11::detail
+
 namespace {
 
 std::atomic<std::size_t> g_input_copies{0};
@@ -31,6 +59,17 @@ std::atomic<std::size_t> g_input_copies{0};
 
 std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
 std::string dtype_name(const py::array& a) { return py::str(a.dtype()); }
+
+// x as a long long: an int (or __index__) in range, else TypeError / ValueError naming `what`.
+long long int_of(py::handle x, const std::string& what) {
+    if (PyFloat_Check(x.ptr()) || !PyIndex_Check(x.ptr())) type_error(what + " must be an int, got " + type_name(x));
+    const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(x.ptr()));
+    if (!i) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (overflow != 0) value_error(what + " is out of range: " + std::string(py::str(x)));
+    return v;
+}
 
 // "(2, 3)"; "(4,)" for one dimension, as numpy prints shapes.
 template <class T>
@@ -289,7 +328,7 @@ mha::DataType parse_kv_dtype(const std::string& dtype) {
 std::vector<std::size_t> sizes_of(py::handle h, const char* name) {
     std::vector<std::size_t> out;
     for (auto item : py::iter(h)) {
-        const long long v = py::cast<long long>(item);
+        const long long v = int_of(item, std::string(name) + "[" + std::to_string(out.size()) + "]");
         if (v < 0) value_error(std::string(name) + " must hold values >= 0, got " + std::to_string(v));
         out.push_back(static_cast<std::size_t>(v));
     }
@@ -346,7 +385,7 @@ mha::ScoreModifiers modifiers_of(py::handle window, py::handle softcap, py::hand
         const py::sequence w = py::reinterpret_borrow<py::sequence>(window);
         auto side = [&](py::handle x, const char* name) -> long long {
             if (x.is_none()) return -1;
-            const long long v = py::cast<long long>(x);
+            const long long v = int_of(x, std::string("window ") + name);
             if (v < -1) value_error(std::string("window ") + name + " must be >= -1 (-1: unbounded), got " + std::to_string(v));
             return v;
         };
@@ -466,7 +505,7 @@ std::unique_ptr<PyLayer> make_layer(std::size_t E, std::size_t H, std::size_t Hk
 std::vector<std::size_t> positions_of(py::handle h) {
     std::vector<std::size_t> out;
     for (auto item : py::iter(h)) {
-        const long long v = py::cast<long long>(item);
+        const long long v = int_of(item, "positions[" + std::to_string(out.size()) + "]");
         if (v < 0) value_error("positions must be >= 0, got " + std::to_string(v));
         out.push_back(static_cast<std::size_t>(v));
     }
@@ -735,8 +774,8 @@ PYBIND11_MODULE(_mha, m) {
 
     py::class_<PyLayer> layer_cls(m, "MultiheadAttention", py::dynamic_attr());
     layer_cls
-        .def(py::init([](std::size_t E, std::size_t H, std::size_t Hkv, std::size_t d, std::size_t kdim, std::size_t vdim,
-                         std::optional<float> rope_theta, std::size_t rope_dims, const std::string& rope_style,
+        .def(py::init([](Count E, Count H, Count Hkv, Count d, Count kdim, Count vdim,
+                         std::optional<float> rope_theta, Count rope_dims, const std::string& rope_style,
                          const std::string& compute, const py::dict& weights, py::handle window, py::handle softcap,
                          py::handle sinks, py::handle alibi_slopes) {
                  return make_layer(E, H, Hkv, d, kdim, vdim, rope_theta, rope_dims, rope_style, compute, weights, window, softcap,
@@ -810,7 +849,7 @@ PYBIND11_MODULE(_mha, m) {
           py::arg("heads"), "BLOOM's ALiBi slopes for `heads` heads (float32 [heads]).");
 
     py::class_<PyKVCache>(m, "KVCache")
-        .def(py::init([](std::size_t b, std::size_t h, std::size_t d, std::size_t cap, const std::string& dtype, float ks, float vs) {
+        .def(py::init([](Count b, Count h, Count d, Count cap, const std::string& dtype, float ks, float vs) {
                  return std::make_unique<PyKVCache>(b, h, d, cap, parse_kv_dtype(dtype), ks, vs);
              }),
              py::arg("batch"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("capacity"), py::arg("dtype") = "f32", py::kw_only(),
@@ -827,12 +866,12 @@ PYBIND11_MODULE(_mha, m) {
         .def_property_readonly("capacity", [](const PyKVCache& c) { return c.cache.capacity(); })
         .def_property_readonly("nbytes", [](const PyKVCache& c) { return c.cache.bytes(); })
         .def_property_readonly("lengths", [](const PyKVCache& c) { return c.cache.lengths(); })
-        .def("length", [](const PyKVCache& c, std::size_t b) { return c.cache.length(b); }, py::arg("b"))
-        .def("reset", [](PyKVCache& c, std::size_t b) { CacheUse u(c); c.cache.reset(b); }, py::arg("b"))
-        .def("truncate", [](PyKVCache& c, std::size_t b, std::size_t n) { CacheUse u(c); c.cache.truncate(b, n); },
+        .def("length", [](const PyKVCache& c, Count b) { return c.cache.length(b); }, py::arg("b"))
+        .def("reset", [](PyKVCache& c, Count b) { CacheUse u(c); c.cache.reset(b); }, py::arg("b"))
+        .def("truncate", [](PyKVCache& c, Count b, Count n) { CacheUse u(c); c.cache.truncate(b, n); },
              py::arg("b"), py::arg("n"))
         .def("append",
-             [](PyKVCache& c, std::size_t b, py::handle key, py::handle value) {
+             [](PyKVCache& c, Count b, py::handle key, py::handle value) {
                  // [Hkv, n, d] or [1, Hkv, n, d] (Hugging Face's past_key_values of one sequence).
                  py::array k = float_input(key, "key", 3, 4), v = float_input(value, "value", 3, 4);
                  if (k.ndim() == 3) k = k[py::make_tuple(py::none())];
@@ -850,7 +889,7 @@ PYBIND11_MODULE(_mha, m) {
              "Read-only view [B, Hkv, capacity, d] as keys(); rows at or past length(b) are stale (8-bit types: zero).");
 
     py::class_<PyPagedKVCache>(m, "PagedKVCache")
-        .def(py::init([](std::size_t n, std::size_t bs, std::size_t h, std::size_t d, const std::string& dtype, float ks, float vs) {
+        .def(py::init([](Count n, Count bs, Count h, Count d, const std::string& dtype, float ks, float vs) {
                  return std::make_unique<PyPagedKVCache>(n, bs, h, d, parse_kv_dtype(dtype), ks, vs);
              }),
              py::arg("num_blocks"), py::arg("block_size"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("dtype") = "f32",
@@ -865,19 +904,19 @@ PYBIND11_MODULE(_mha, m) {
         .def_property_readonly("free_blocks", [](const PyPagedKVCache& c) { return c.cache.free_blocks(); })
         .def_property_readonly("used_blocks", [](const PyPagedKVCache& c) { return c.cache.used_blocks(); })
         .def("add_sequence", [](PyPagedKVCache& c) { PagedUse u(c); return c.cache.add_sequence(); })
-        .def("fork", [](PyPagedKVCache& c, std::size_t s) { PagedUse u(c); return c.cache.fork(s); }, py::arg("s"))
-        .def("length", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.length(s); }, py::arg("s"))
-        .def("block_table", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.block_table(s); }, py::arg("s"))
-        .def("truncate", [](PyPagedKVCache& c, std::size_t s, std::size_t n) { PagedUse u(c); c.cache.truncate(s, n); },
+        .def("fork", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return c.cache.fork(s); }, py::arg("s"))
+        .def("length", [](const PyPagedKVCache& c, Count s) { return c.cache.length(s); }, py::arg("s"))
+        .def("block_table", [](const PyPagedKVCache& c, Count s) { return c.cache.block_table(s); }, py::arg("s"))
+        .def("truncate", [](PyPagedKVCache& c, Count s, Count n) { PagedUse u(c); c.cache.truncate(s, n); },
              py::arg("s"), py::arg("n"))
-        .def("free_sequence", [](PyPagedKVCache& c, std::size_t s) { PagedUse u(c); c.cache.free_sequence(s); }, py::arg("s"))
-        .def("release_before", [](PyPagedKVCache& c, std::size_t s, std::size_t position) { PagedUse u(c); return c.cache.release_before(s, position); },
+        .def("free_sequence", [](PyPagedKVCache& c, Count s) { PagedUse u(c); c.cache.free_sequence(s); }, py::arg("s"))
+        .def("release_before", [](PyPagedKVCache& c, Count s, Count position) { PagedUse u(c); return c.cache.release_before(s, position); },
              py::arg("s"), py::arg("position"),
              "Sliding-window layers: return the blocks wholly before `position` to the pool (keys no future query's window "
              "reaches); returns released_tokens(s). Opt-in, after a step: position = length(s) - window_left.")
-        .def("released_tokens", [](const PyPagedKVCache& c, std::size_t s) { return c.cache.released_tokens(s); }, py::arg("s"))
+        .def("released_tokens", [](const PyPagedKVCache& c, Count s) { return c.cache.released_tokens(s); }, py::arg("s"))
         .def("append",
-             [](PyPagedKVCache& c, std::size_t s, py::handle key, py::handle value) {
+             [](PyPagedKVCache& c, Count s, py::handle key, py::handle value) {
                  // [Hkv, n, d] or [1, Hkv, n, d], projected and rotated (as KVCache.append).
                  py::array k = float_input(key, "k", 3, 4), v = float_input(value, "v", 3, 4);
                  if (k.ndim() == 3) k = k[py::make_tuple(py::none())];
@@ -888,9 +927,9 @@ PYBIND11_MODULE(_mha, m) {
                  c.cache.append(s, kh, vh);
              },
              py::arg("s"), py::arg("k"), py::arg("v"))
-        .def("keys", [](const PyPagedKVCache& c, std::size_t s) { return paged_rows(c, s, false); }, py::arg("s"),
+        .def("keys", [](const PyPagedKVCache& c, Count s) { return paged_rows(c, s, false); }, py::arg("s"),
              "Sequence s's keys, a float32 copy [Hkv, length, d].")
-        .def("values", [](const PyPagedKVCache& c, std::size_t s) { return paged_rows(c, s, true); }, py::arg("s"),
+        .def("values", [](const PyPagedKVCache& c, Count s) { return paged_rows(c, s, true); }, py::arg("s"),
              "Sequence s's values, a float32 copy [Hkv, length, d].");
 
     py::class_<PyStepPlan>(m, "StepPlan",

@@ -127,11 +127,27 @@ def test_sinks_change_the_layer_and_all_masked_rows_give_zeros():
     assert np.all(s < 1) and np.all(s > 0)  # the sink takes a share of every row
 
 
+def test_window_sides_of_any_length_are_unbounded():
+    q = rand(1, 4, 6, 8)
+    plain = mha.scaled_dot_product_attention(q, q, q)
+    for side in [2**63 - 1, 2**63 - 6]:
+        for window in [(side, -1), (-1, side), (side, side)]:
+            np.testing.assert_array_equal(mha.scaled_dot_product_attention(q, q, q, window=window), plain)
+
+
+@pytest.mark.parametrize("window", [(1.5, 0), ("a", 0), (0, "1")])
+def test_window_sides_must_be_ints(window):
+    with pytest.raises(TypeError, match="window (left|right) must be an int"):
+        mha.MultiheadAttention(32, 4, seed=0, window=window)
+
+
 @pytest.mark.parametrize("kw,message", [
     (dict(window=(3,)), "window must be a pair"),
     (dict(window=(-2, 0)), "window left must be >= -1"),
     (dict(softcap=0.0), "softcap must be a positive finite number"),
     (dict(softcap=float("nan")), "softcap must be a positive finite number"),
+    (dict(softcap=1e-40), "below the smallest normal float"),
+    (dict(window=(2**64, 0)), "window left is out of range"),
     (dict(sinks=np.zeros(3, np.float32)), r"sinks must have shape \[4\]"),
     (dict(sinks=np.array([0, np.nan, 0, 0], np.float32)), "sinks"),
     (dict(alibi_slopes="bloom"), "alibi_slopes must be an array"),
