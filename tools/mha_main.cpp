@@ -55,20 +55,20 @@ struct ModifierFlags {
     CLI::Option *left_opt = nullptr, *right_opt = nullptr, *softcap_opt = nullptr, *alibi_opt = nullptr;
 
     void add(CLI::App* app, const CLI::Validator& positive_real, const std::string& files) {
-        const CLI::Range non_negative(0LL, std::numeric_limits<long long>::max() / 4);
+        const CLI::Range side(-1LL, std::numeric_limits<long long>::max() / 4);  // -1: unbounded, as absent
         left_opt = app->add_option("--window-left", left,
                                    "Sliding window: query at position p sees keys j >= p - N (Hugging Face sliding_window w "
-                                   "is --window-left w-1; default unbounded)")
-                       ->check(non_negative);
-        right_opt = app->add_option("--window-right", right, "Sliding window: keys j <= p + N (default unbounded; causal: 0)")
-                        ->check(non_negative);
+                                   "is --window-left w-1; -1 or absent: unbounded)")
+                       ->check(side);
+        right_opt = app->add_option("--window-right", right, "Sliding window: keys j <= p + N (-1 or absent: unbounded; causal: 0)")
+                        ->check(side);
         softcap_opt = app->add_option("--softcap", softcap, "Logit softcap C: scores become C*tanh(s/C) (Gemma 2)")->check(positive_real);
         alibi_opt = app->add_flag("--alibi", alibi, "ALiBi with BLOOM's standard slopes for H heads" + files);
     }
     ModifierOptions read() const {
         ModifierOptions m;
-        if (left_opt->count() > 0) m.window_left = left;
-        if (right_opt->count() > 0) m.window_right = right;
+        if (left_opt->count() > 0 && left >= 0) m.window_left = left;
+        if (right_opt->count() > 0 && right >= 0) m.window_right = right;
         if (softcap_opt->count() > 0) m.softcap = softcap;
         m.alibi = alibi;
         return m;

@@ -32,7 +32,7 @@
 //     --kv-type f32|bf16|f16|int8|fp8_e4m3|fp8_e5m2 (only on this path; default f32): the cache's element type.
 //     Past and new K and V are rounded into it (round to nearest even; mha/quantized.hpp for the 8-bit types),
 //     attention uses the stored values, and present_*.npy (float32) hold them dequantized. --k-scale S and
-//     --v-scale S: an fp8 cache's scales (default 1; only with an fp8 --kv-type).
+//     --v-scale S: an fp8 cache's scales (default 1; other types refuse scales other than 1).
 //   Score modifiers (AttentionConfig::modifiers): --window-left N, --window-right N, --softcap C, --alibi (standard
 //   slopes), and sinks.npy [H], alibi_slopes.npy [H] in DIR; on every path, the KV cache's included.
 //   --dtype f32|bf16 sets AttentionConfig::compute (float .npy inputs are converted as the library rounds them).
@@ -170,7 +170,7 @@ void run_command(const RunOptions& opt) {
                  (has_past ? " (past_lengths[b] + i)" : " (0, 1, ...)"));
     } else if (opt.kv_type) {
         fail("--kv-type applies only to the KV cache path (past_key.npy / past_value.npy in the folder, or --chunk)");
-    } else if (opt.k_scale || opt.v_scale) {
+    } else if (opt.k_scale.value_or(1.0f) != 1.0f || opt.v_scale.value_or(1.0f) != 1.0f) {  // 1: no scale (as the library's)
         fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2)");
     }
 
@@ -404,7 +404,7 @@ void run_command(const RunOptions& opt) {
     } else {
         // The past in a cache of capacity Lp + Lq, then the query in calls of --chunk tokens (one call without).
         const DataType kv_type = opt.kv_type.value_or(DataType::f32);
-        if ((opt.k_scale || opt.v_scale) && !has_tensor_scale(kv_type))
+        if ((opt.k_scale.value_or(1.0f) != 1.0f || opt.v_scale.value_or(1.0f) != 1.0f) && !has_tensor_scale(kv_type))
             fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2), not " +
                  std::string(data_type_name(kv_type)));
         KVCache cache(B, Hkv, d, capacity, kv_type, opt.k_scale.value_or(1.0f), opt.v_scale.value_or(1.0f));

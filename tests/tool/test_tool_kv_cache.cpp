@@ -456,6 +456,10 @@ TEST_F(KvCacheErrors, KvTypeNeedsTheCachePathAndAKnownType) {
     expect_failure_with(args({"--kv-type", "bf16"}), {"--kv-type applies only to the KV cache path"});
     write_case();
     expect_failure_with(args({"--kv-type", "fp8"}), {"--kv-type", "fp8"});
+    // A scale other than 1 needs an fp8 type; 1 is no scale, which every type takes (as the library's caches).
+    expect_failure_with(args({"--kv-type", "int8", "--k-scale", "2"}), {"--k-scale / --v-scale apply only to an fp8 KV cache", "int8"});
+    const Result one = mha(args({"--kv-type", "int8", "--k-scale", "1", "--v-scale", "1"}));
+    EXPECT_EQ(one.exit_code, 0) << one.err;
 }
 
 TEST_F(KvCacheErrors, PastKvHeadsDisagreeWithKvHeads) {

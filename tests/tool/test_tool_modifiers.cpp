@@ -67,8 +67,9 @@ TEST_F(ModifierToolTest, SdpaFixturesSameAsLibrary) {
         if (a["causal_bottom_right"].get<bool>())
             args.push_back("--causal-bottom-right"), o.causal = true, o.causal_alignment = mha::CausalAlignment::bottom_right;
         o.modifiers.window_left = a["window_left"].get<long long>(), o.modifiers.window_right = a["window_right"].get<long long>();
-        if (o.modifiers.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(o.modifiers.window_left)});
-        if (o.modifiers.window_right >= 0) args.insert(args.end(), {"--window-right", std::to_string(o.modifiers.window_right)});
+        // Always given: -1 (unbounded) is a value the flags take, as the library and Python do.
+        args.insert(args.end(), {"--window-left", std::to_string(o.modifiers.window_left)});
+        args.insert(args.end(), {"--window-right", std::to_string(o.modifiers.window_right)});
         if (!a["softcap"].is_null()) o.modifiers.softcap = a["softcap"].get<float>(), args.insert(args.end(), {"--softcap", num(o.modifiers.softcap)});
         if (a["alibi"].get<bool>()) args.push_back("--alibi");
         o.modifiers.sinks = sinks.empty() ? nullptr : sinks.data();
