@@ -42,7 +42,7 @@ struct type_caster<Count> {
         const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
         if (overflow > 0 || (overflow == 0 && v >= 0 && static_cast<unsigned long long>(v) > SIZE_MAX))
             throw value_error("an int argument is out of range: " + std::string(py::str(src)));
-        if (overflow < 0 || v < 0) throw value_error("sizes, counts and sequence ids must be >= 0, got " + std::string(py::str(src)));
+        if (overflow < 0 || v < 0) throw value_error("sizes, counts, ids and positions must be >= 0, got " + std::string(py::str(src)));
         value.value = static_cast<std::size_t>(v);
         return true;
     }
@@ -796,7 +796,7 @@ PYBIND11_MODULE(_mha, m) {
 
     const auto fwd = [](const PyLayer& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                         bool need_weights, py::handle attn_mask, bool average_attn_weights, bool is_causal,
-                        bool batch_first, const std::string& causal_alignment, std::size_t position_offset,
+                        bool batch_first, const std::string& causal_alignment, Count position_offset,
                         py::handle positions, std::optional<float> norm_eps, int threads, const std::string& backend,
                         const std::string& impl, py::handle out, py::handle cache, py::handle seq_ids, py::handle q_lens,
                         py::handle plan, py::handle seq_lens) {
@@ -833,14 +833,14 @@ PYBIND11_MODULE(_mha, m) {
           py::arg("backend"), py::arg("impl"), py::arg("out"), py::arg("window") = py::none(), py::arg("softcap") = py::none(),
           py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none());
     m.def("_check_modifiers",
-          [](std::size_t heads, py::handle window, py::handle softcap, py::handle sinks, py::handle alibi_slopes) {
+          [](Count heads, py::handle window, py::handle softcap, py::handle sinks, py::handle alibi_slopes) {
               ModifierStore store;
               modifiers_of(window, softcap, sinks, alibi_slopes, heads, store);
           },
           py::arg("heads"), py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("sinks") = py::none(),
           py::arg("alibi_slopes") = py::none(),
           "Raises what a layer of `heads` heads would raise for these score modifiers (mha.torch checks them when set).");
-    m.def("alibi_standard_slopes", [](std::size_t heads) {
+    m.def("alibi_standard_slopes", [](Count heads) {
               const std::vector<float> s = mha::alibi_standard_slopes(heads);
               py::array_t<float> a(static_cast<py::ssize_t>(s.size()));
               std::copy(s.begin(), s.end(), a.mutable_data());
