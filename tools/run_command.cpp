@@ -377,8 +377,11 @@ void run_command(const RunOptions& opt) {
     };
     AttentionInputs inputs;
     inputs.query = view(query.floats(), Lq, E);
-    if (key) inputs.key = view(key->floats(), Lk, kdim);
-    if (value) inputs.value = view(value->floats(), Lk, vdim);
+    // A key or value file with no elements (Lk = 0) must not read as absent (a null key is the legacy key = query).
+    static const float kEmpty = 0.0f;
+    const auto given = [](const float* p) { return p != nullptr ? p : &kEmpty; };
+    if (key) inputs.key = view(given(key->floats()), Lk, kdim);
+    if (value) inputs.value = view(given(value->floats()), Lk, vdim);
     if (kpm) inputs.key_padding_mask = mask_view(*kpm, {B, Lk});
     if (attn_mask) inputs.attn_mask = mask_view(*attn_mask, attn_mask->shape());
 

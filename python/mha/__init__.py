@@ -114,12 +114,14 @@ def _random_weights(E, H, Hkv, d, kdim, vdim, bias, seed):
     return w
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                                 *, key_padding_mask=None, causal_alignment="top_left", threads=0, backend="simd",
-                                 impl="auto", out=None, window=None, softcap=None, sinks=None, alibi_slopes=None):
-    """PyTorch's F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p=0, is_causal, scale,
-    enable_gqa) on numpy float32 arrays: query [..., H, Lq, d], key / value [..., Hkv, Lk, d] (rank 3 or 4;
-    the leading batch axis, if any, is B), returns [..., H, Lq, d].
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, key_padding_mask=None, causal_alignment="top_left", threads=0,
+                                 backend="simd", impl="auto", out=None, window=None, softcap=None, sinks=None,
+                                 alibi_slopes=None):
+    """PyTorch's F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa), positions and names alike, on numpy float32 arrays: query [..., H, Lq, d], key / value
+    [..., Hkv, Lk, d] (rank 3 or 4; the leading batch axis, if any, is B), returns [..., H, Lq, d]. dropout_p
+    must be 0 (inference). value has the query's head dim d (PyTorch also takes another one).
 
     attn_mask follows PyTorch's SDPA convention (not nn.MultiheadAttention's): a bool mask is True where the
     query MAY attend, a float mask is added to the scores; its shape broadcasts to [B, H, Lq, Lk]. Shapes
@@ -132,6 +134,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     Score modifiers as in MultiheadAttention: window=(left, right), softcap=, sinks=[H], alibi_slopes=[H] or
     "standard"; query i sits at position i (+ Lk - Lq with causal_alignment='bottom_right').
     """
+    if dropout_p != 0.0:
+        raise ValueError("mha is inference only: dropout_p must be 0")
     arrays = [query, key, value]
     for name, a in zip(("query", "key", "value"), arrays):
         if not isinstance(a, _np.ndarray):

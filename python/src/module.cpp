@@ -98,13 +98,14 @@ void check_rank(const py::array& a, const char* name, int lo, int hi) {
     }
 }
 
-// True when the library can read the array in place: whole-element, non-negative strides and contiguous rows.
+// True when the library can read the array in place: whole-element, positive strides and contiguous rows. A zero
+// stride (a broadcast: expand(), np.broadcast_to) is not: the views below take a zero stride for a size-1 axis.
 bool addressable(const py::array& a) {
     const py::ssize_t item = a.itemsize();
     if (reinterpret_cast<std::uintptr_t>(a.data()) % static_cast<std::uintptr_t>(item) != 0) return false;
     for (py::ssize_t i = 0; i < a.ndim(); ++i) {
         if (a.shape(i) <= 1) continue;
-        if (a.strides(i) < 0 || a.strides(i) % item != 0) return false;
+        if (a.strides(i) <= 0 || a.strides(i) % item != 0) return false;
     }
     return a.ndim() == 0 || a.shape(a.ndim() - 1) <= 1 || a.strides(a.ndim() - 1) == item;
 }
@@ -180,7 +181,7 @@ py::array out_array(py::handle h, const char* name, const std::vector<py::ssize_
     for (std::size_t i = 0; same && i < shape.size(); ++i) same = a.shape(static_cast<py::ssize_t>(i)) == shape[i];
     if (!same) value_error(std::string(name) + " has shape " + shape_string(a) + ", expected " + shape_string(shape));
     if (!addressable(a)) {
-        value_error(std::string(name) + " must have non-negative strides and a contiguous last axis (it is written "
+        value_error(std::string(name) + " must have positive strides and a contiguous last axis (it is written "
                                         "in place, never copied)");
     }
     return a;

@@ -137,6 +137,24 @@ def test_fortran_order_is_copied_once_and_right():
     assert_within(out, ref, bound, "F-order")
 
 
+def test_broadcast_inputs_are_copied_and_right():
+    """Zero strides (np.broadcast_to, torch's expand) over the batch, the sequence or only key / value: each such
+    input is copied once (a zero stride never reaches the library, whose views take it for a size-1 axis)."""
+    E, H = 16, 2
+    layer, w = layer_and_weights(E, H)
+    for x, kv in [(np.broadcast_to(rand(1, 5, E), (3, 5, E)), None), (np.broadcast_to(rand(3, 1, E), (3, 5, E)), None),
+                  (rand(3, 4, E), np.broadcast_to(rand(1, 6, E), (3, 6, E)))]:
+        k = x if kv is None else kv
+        before = mha.input_copies()
+        out, _ = layer(x) if kv is None else layer(x, kv, kv)
+        assert mha.input_copies() == before + 1  # key is value: one copy serves both
+        ref, bound, _, _ = mha_reference(np.ascontiguousarray(x), np.ascontiguousarray(k), np.ascontiguousarray(k), w, H)
+        assert_within(out, ref, bound, "broadcast")
+    out = np.broadcast_to(np.zeros((1, 5, E), np.float32), (2, 5, E))
+    with pytest.raises(ValueError):  # read-only, and two batches on the same memory
+        layer(rand(2, 5, E), out=out)
+
+
 def test_out_parameter_written_in_place():
     layer, _ = layer_and_weights(16, 2)
     x = rand(2, 3, 16)
@@ -279,6 +297,10 @@ def test_sdpa_causal_unbatched_and_blhd_views():
     out0 = mha.scaled_dot_product_attention(q[0], q[0], q[0], is_causal=True)
     assert out0.shape == (H, L, d)
     assert_within(out0, ref[0], bound[0], "unbatched")
+    # PyTorch's positions: (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    np.testing.assert_array_equal(mha.scaled_dot_product_attention(q, q, q, None, 0.0, True), out)
+    with pytest.raises(ValueError, match="dropout_p must be 0"):
+        mha.scaled_dot_product_attention(q, q, q, None, 0.1, True)
 
 
 # ---- KVCache ------------------------------------------------------------------------------------------------

@@ -153,6 +153,27 @@ def test_no_copy_for_contiguous_tensors_and_views():
     assert mha.input_copies() == before
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_expanded_tensors_match_torch(batch_first):
+    """expand() gives zero strides: over the batch, the sequence, or only key / value (copied once each)."""
+    ref_mod = torch_mha(16, 4, seed=3, batch_first=batch_first)
+    mod = mt.MultiheadAttention.from_torch(ref_mod)
+    B, L = 3, 5
+    shape = (B, L, 16) if batch_first else (L, B, 16)
+    one_batch = (1, L, 16) if batch_first else (L, 1, 16)
+    one_row = (B, 1, 16) if batch_first else (1, B, 16)
+    x = torch.randn(shape)
+    for q, kv in [(torch.randn(one_batch).expand(shape), None), (torch.randn(one_row).expand(shape), None),
+                  (x, torch.randn(one_batch).expand(shape))]:
+        k = q if kv is None else kv
+        with torch.no_grad():
+            out, w = mod(q, k, k)
+        want, want_w = torch_ref(ref_mod, q.contiguous(), k.contiguous(), k.contiguous())
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
+
+
 # ---- weights follow the module ------------------------------------------------------------------------------
 def test_packed_weights_follow_parameter_changes():
     E, H = 16, 2

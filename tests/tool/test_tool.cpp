@@ -283,6 +283,23 @@ TEST_F(ToolTest, RunWithoutNeedWeightsWritesOnlyOutput) {
     EXPECT_EQ(mha::npy::load((dir_ / "output.npy").string()).shape, (Shape{2, 3, 4}));
 }
 
+// key.npy / value.npy with no keys ([B, 0, E]) are given, not absent (the library's null key means key = query):
+// every query row is fully masked, so each output row is out_proj.bias (PyTorch's result), and the weights [B, Lq, 0].
+TEST_F(ToolTest, RunWithZeroLengthKeysGivesTheBias) {
+    write_valid_case(2, 3, 4);
+    write_f32(dir_ / "key.npy", {}, {2, 0, 4});
+    write_f32(dir_ / "value.npy", {}, {2, 0, 4});
+    const std::vector<float> bias = mha::npy::load((dir_ / "out_proj.bias.npy").string()).values;
+    for (const char* backend : {"scalar", "simd"}) {
+        const Result r = mha({"run", "--npy", dir_.string(), "--heads", "2", "--need-weights", "--backend", backend});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const mha::npy::Array out = mha::npy::load((dir_ / "output.npy").string());
+        EXPECT_EQ(out.shape, (Shape{2, 3, 4}));
+        for (std::size_t i = 0; i < out.values.size(); ++i) EXPECT_EQ(out.values[i], bias[i % 4]) << backend << " " << i;
+        EXPECT_EQ(mha::npy::load((dir_ / "attn_weights.npy").string()).shape, (Shape{2, 3, 0}));
+    }
+}
+
 // --- mha run: bad input --------------------------------------------------------------------------
 
 TEST_F(ToolTest, RejectsFortranOrder) {
