@@ -84,6 +84,14 @@ def _unsupported(module):
     return _dtype_of(module)[1]
 
 
+def _check_supported(module):
+    """Raises why the library cannot run this module: ValueError for a configuration it lacks (add_bias_kv,
+    add_zero_attn), DTypeError for parameters' dtype or device (as for inputs)."""
+    why = _unsupported(module)
+    if why:
+        raise (DTypeError if _dtype_of(module)[1] == why else ValueError)(why)
+
+
 def _f32(t):
     # float32 parameters are read in place (the constructor copies and packs them); 16-bit ones are widened once.
     t = t.detach()
@@ -107,9 +115,7 @@ def _weights(in_w, q_w, k_w, v_w, in_b, out_w, out_b):
 
 def _module_weights(module):
     """An nn.MultiheadAttention's weights as float32 numpy arrays named as mha's constructor names them."""
-    why = _unsupported(module)
-    if why:
-        raise ValueError(why)
+    _check_supported(module)
     same = module._qkv_same_embed_dim
     return _weights(module.in_proj_weight if same else None, None if same else module.q_proj_weight,
                     None if same else module.k_proj_weight, None if same else module.v_proj_weight,
@@ -381,9 +387,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         those); without, it keeps module's (none for a torch module)."""
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(f"from_torch needs a torch.nn.MultiheadAttention, got {type(module).__name__}")
-        why = _unsupported(module)
-        if why:
-            raise ValueError(why)
+        _check_supported(module)
         modifiers = (window, softcap, sinks, alibi_slopes)
         given = (_score_modifiers(module.num_heads, *modifiers) if any(m is not None for m in modifiers)
                  else None)  # checked before anything is made
@@ -422,9 +426,7 @@ class MultiheadAttention(nn.MultiheadAttention):
             return d["_mha_layer"]
         with d["_mha_lock"]:
             if d["_mha_layer"] is None or key != d["_mha_key"]:
-                why = _unsupported(self)
-                if why:
-                    raise ValueError(why)
+                _check_supported(self)
                 dtype = _dtype_of(self)[0]
                 layer = _Layer(self.embed_dim, self.num_heads, kdim=self.kdim, vdim=self.vdim,
                                compute=_compute(dtype), **d["_mha_modifiers"], **_module_weights(self))

@@ -251,6 +251,12 @@ def test_bad_input_raises_with_message():
         mt.MultiheadAttention(16, 2, add_bias_kv=True)
     with pytest.raises(ValueError, match="add_zero_attn"):
         mt.MultiheadAttention.from_torch(nn.MultiheadAttention(16, 2, add_zero_attn=True))
+    # Parameters' dtype is a dtype error, as an input's (README: DTypeError, a TypeError).
+    with pytest.raises(mt.DTypeError, match="float64; mha runs float32"):
+        mt.MultiheadAttention.from_torch(nn.MultiheadAttention(16, 2).double())
+    wide = mt.MultiheadAttention(16, 2, dtype=torch.float64)
+    with torch.no_grad(), pytest.raises(mt.DTypeError, match="float64; mha runs float32"):
+        wide(x.double(), x.double(), x.double())
 
 
 def test_four_threads_on_one_module():
