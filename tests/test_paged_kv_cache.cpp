@@ -763,6 +763,61 @@ TEST(PagedKVCache, CallerPoolWithItsOwnBlockTables) {
     const std::vector<std::int64_t> twice = {3, 3};
     EXPECT_THROW(mha::paged_write_kv(pool, mha::ConstMatrix(kx.data(), 2, Hkv * d), mha::ConstMatrix(vx.data(), 2, Hkv * d), twice.data()),
                  mha::invalid_argument);
+
+    // More refusals, each leaving out and the pool as they were: a key length whose block count wraps size_t,
+    // out inside the pool, keys and values on the same array, a block size the kernels do not take, k inside
+    // the pool, a slot below -1.
+    const std::vector<float> keys_before = keys, values_before = values, out_before = out;
+    auto unchanged = [&](const char* what) {
+        EXPECT_TRUE(same_bits(keys, keys_before)) << what;
+        EXPECT_TRUE(same_bits(values, values_before)) << what;
+        EXPECT_TRUE(same_bits(out, out_before)) << what;
+    };
+    auto refused = [&](const char* what, const std::string& words, auto&& call) {
+        try {
+            call();
+            ADD_FAILURE() << what << " accepted";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << what << ": " << e.what();
+        }
+        unchanged(what);
+    };
+    const mha::ConstMatrix q4(q.data(), 4, H * d);
+    for (std::size_t huge : {std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::size_t>::max() - 14}) {
+        const std::vector<std::size_t> wrap = {40, huge};
+        refused("a key length near SIZE_MAX", "blocks but table_stride is 3", [&] {
+            mha::paged_attention(q4, pool, {2, tables.data(), 3, wrap.data(), starts.data()}, mha::Matrix(out.data(), 4, H * d));
+        });
+    }
+    refused("out inside the pool's keys", "out overlaps the pool", [&] {
+        mha::paged_attention(q4, pool, seqs, mha::Matrix(keys.data() + 64, 4, H * d));
+    });
+    const mha::PagedKVPool same{keys.data(), keys.data(), mha::DataType::f32, blocks, bs, Hkv, d};
+    refused("keys and values on one array", "keys and values overlap", [&] {
+        mha::paged_attention(q4, same, seqs, mha::Matrix(out.data(), 4, H * d));
+    });
+    const mha::PagedKVPool odd{keys.data(), values.data(), mha::DataType::f32, blocks * 2, bs / 2, Hkv, d};
+    refused("block size 8", "block_size 8 is not 16, 32, 64, 128 or 256", [&] {
+        mha::paged_attention(q4, odd, seqs, mha::Matrix(out.data(), 4, H * d));
+    });
+    const std::vector<std::int64_t> two = {5, 6}, below = {5, -2};
+    refused("k inside the pool", "k overlaps the pool", [&] {
+        mha::paged_write_kv(pool, mha::ConstMatrix(keys.data(), 2, Hkv * d), mha::ConstMatrix(vx.data(), 2, Hkv * d), two.data());
+    });
+    refused("a slot of -2", "slot -2 is outside the pool", [&] {
+        mha::paged_write_kv(pool, mha::ConstMatrix(kx.data(), 2, Hkv * d), mha::ConstMatrix(vx.data(), 2, Hkv * d), below.data());
+    });
+
+    // Slot -1 (vLLM's padding token) is skipped: only the other rows are written.
+    const std::vector<std::int64_t> padded = {-1, 5 * std::int64_t(bs) + 3, -1};
+    mha::paged_write_kv(pool, mha::ConstMatrix(kx.data(), 3, Hkv * d), mha::ConstMatrix(vx.data(), 3, Hkv * d), padded.data());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        const std::size_t block = i / (Hkv * bs * d), h = i / (bs * d) % Hkv, row = i / d % bs, c = i % d;
+        const bool written = block == 5 && row == 3;
+        const float want_k = written ? kx[1 * Hkv * d + h * d + c] : keys_before[i], want_v = written ? vx[1 * Hkv * d + h * d + c] : values_before[i];
+        ASSERT_TRUE(same_bits(std::vector<float>{keys[i]}, std::vector<float>{want_k})) << i;
+        ASSERT_TRUE(same_bits(std::vector<float>{values[i]}, std::vector<float>{want_v})) << i;
+    }
 }
 
 }  // namespace

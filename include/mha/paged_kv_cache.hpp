@@ -43,7 +43,8 @@ struct PagedKVCacheAccess;  // lib/attention/paged_kv_cache_access.hpp
 }
 
 // A caller's pool (level 2): keys and values [num_blocks, kv_heads, block_size, row] of `element`, a row being
-// kv_row_bytes(element, head_dim) bytes (mha/quantized.hpp). k_scale / v_scale: fp8's tensor scales (1 otherwise).
+// kv_row_bytes(element, head_dim) bytes (mha/quantized.hpp), in two arrays that do not overlap; block_size 16,
+// 32, 64, 128 or 256. k_scale / v_scale: fp8's tensor scales (1 otherwise).
 struct PagedKVPool {
     void* keys = nullptr;
     void* values = nullptr;
@@ -70,13 +71,15 @@ struct PagedAttentionOptions {
 };
 
 // Writes rows t < k.rows of k and v ([T, kv_heads·head_dim] fp32, head h at columns [h·d, h·d + d)) into the
-// pool at slots[t] = block·block_size + row, rounded to the element type. slots must be < num_blocks·block_size
-// and distinct (mha::invalid_argument otherwise, nothing written).
+// pool at slots[t] = block·block_size + row, rounded to the element type. slots[t] = -1 is a padding token (vLLM's
+// PAD_SLOT_ID): its row is not written. The other slots must be < num_blocks·block_size and distinct, and k and v
+// must not overlap the pool (mha::invalid_argument otherwise, nothing written).
 void paged_write_kv(const PagedKVPool& pool, const ConstMatrix& k, const ConstMatrix& v, const std::int64_t* slots);
 
 // out [T, H·d] = attention of q [T, H·d] (T = query_starts[n]; H a multiple of kv_heads) over each sequence's
 // keys in the pool: rows [query_starts[i], query_starts[i + 1]) are sequence i's last q_i positions, causal
-// bottom-right. Validates everything first (mha::invalid_argument, nothing written).
+// bottom-right. out must not overlap q or the pool. Validates everything first (mha::invalid_argument, nothing
+// written).
 void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
                      const PagedAttentionOptions& options = {});
 

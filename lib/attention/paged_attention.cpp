@@ -6,6 +6,7 @@
 #include "../core/validate.hpp"
 #include "mha/paged_kv_cache.hpp"
 #include "kv_cache_access.hpp"
+#include "paged_kv_cache_access.hpp"
 #include "simd_attention.hpp"
 #include "validate_call.hpp"
 
@@ -16,11 +17,7 @@ using detail::fail;
 void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedSequences& seqs, const Matrix& out,
                      const PagedAttentionOptions& options) {
     auto str = [](std::size_t n) { return std::to_string(n); };
-    if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
-    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
-    detail::check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
-    if (pool.num_blocks == 0 || pool.block_size == 0 || pool.kv_heads == 0 || pool.head_dim == 0)
-        fail("the pool's num_blocks, block_size, kv_heads and head_dim must be non-zero");
+    const std::size_t pool_bytes = detail::check_caller_pool(pool);
     const std::size_t n = seqs.count, bs = pool.block_size, d = pool.head_dim;
     if (n == 0) fail("paged_attention needs at least one sequence");
     if (seqs.block_tables == nullptr || seqs.key_lengths == nullptr || seqs.query_starts == nullptr)
@@ -31,7 +28,7 @@ void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedS
         if (q1 <= q0) fail("sequence " + str(i) + " has no query rows (query_starts " + str(q0) + ", " + str(q1) + ")");
         if (q1 - q0 > L)
             fail("sequence " + str(i) + " has " + str(q1 - q0) + " query rows but only " + str(L) + " keys (the queries are its last positions)");
-        const std::size_t blocks = (L + bs - 1) / bs;
+        const std::size_t blocks = L / bs + (L % bs != 0);  // (L + bs − 1) / bs wraps near SIZE_MAX
         if (blocks > seqs.table_stride)
             fail("sequence " + str(i) + " has " + str(L) + " keys in " + str(blocks) + " blocks but table_stride is " + str(seqs.table_stride));
         for (std::size_t b = 0; b < blocks; ++b)
@@ -48,6 +45,7 @@ void paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const PagedS
     detail::check_matrix("q", q);
     detail::check_matrix("out", out);
     if (detail::overlaps(q, out)) fail("out overlaps q");
+    if (detail::overlaps_pool(pool, pool_bytes, out.data, detail::matrix_elements(out))) fail("out overlaps the pool's keys or values");
     if (!std::isfinite(options.scale) || options.scale < 0.0f) fail("scale " + std::to_string(options.scale) + " is not finite and >= 0");
     if (options.threads < 0) fail("threads " + std::to_string(options.threads) + " is negative");
     detail::check_modifiers(options.modifiers, q.cols / d, "modifiers");

@@ -48,6 +48,29 @@ KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tabl
     return r;
 }
 
+std::size_t check_caller_pool(const PagedKVPool& pool) {
+    if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
+    if (!is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
+    if (pool.num_blocks == 0 || pool.block_size == 0 || pool.kv_heads == 0 || pool.head_dim == 0)
+        fail("the pool's num_blocks, block_size, kv_heads and head_dim must be non-zero");
+    if (!valid_block_size(pool.block_size))
+        fail("the pool's block_size " + str(pool.block_size) + " is not 16, 32, 64, 128 or 256");
+    const std::size_t rows = checked_madd(pool.kv_heads, pool.block_size, 0, "the pool", "rows per block (kv_heads · block_size)");
+    const std::size_t block = checked_madd(rows, element_format(pool.element).row_bytes(pool.head_dim), 0, "the pool", "block bytes");
+    const std::size_t bytes = checked_madd(pool.num_blocks, block, 0, "the pool", "bytes (num_blocks · kv_heads · block_size · row)");
+    checked_extent("the pool's keys", static_cast<const unsigned char*>(pool.keys), bytes);
+    checked_extent("the pool's values", static_cast<const unsigned char*>(pool.values), bytes);
+    if (overlaps(static_cast<const unsigned char*>(pool.keys), bytes, static_cast<const unsigned char*>(pool.values), bytes))
+        fail("the pool's keys and values overlap (" + str(bytes) + " bytes each)");
+    return bytes;
+}
+
+bool overlaps_pool(const PagedKVPool& pool, std::size_t bytes, const float* data, std::size_t floats) {
+    return overlaps(data, floats, static_cast<const unsigned char*>(pool.keys), bytes) ||
+           overlaps(data, floats, static_cast<const unsigned char*>(pool.values), bytes);
+}
+
 StepComposition PagedKVCacheAccess::compose_step(const PagedKVCache& c, const std::size_t* ids, const std::size_t* q_lens,
                                                  std::size_t n) {
     if (n == 0) fail("a step needs at least one sequence");
@@ -333,27 +356,33 @@ void PagedKVCache::copy_keys(std::size_t s, std::size_t h, Matrix dst) const { c
 void PagedKVCache::copy_values(std::size_t s, std::size_t h, Matrix dst) const { copy_rows(true, s, h, dst); }
 
 void paged_write_kv(const PagedKVPool& pool, const ConstMatrix& k, const ConstMatrix& v, const std::int64_t* slots) {
-    if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
-    if (!detail::is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
-    detail::check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
+    const std::size_t pool_bytes = detail::check_caller_pool(pool);
     const std::size_t w = pool.kv_heads * pool.head_dim, T = k.rows, capacity = pool.num_blocks * pool.block_size;
-    if (pool.block_size == 0 || w == 0) fail("the pool's block_size, kv_heads and head_dim must be non-zero");
     for (const auto& [name, x] : {std::pair<const char*, const ConstMatrix*>{"k", &k}, {"v", &v}}) {
         if (x->rows != T || x->cols != w || x->stride < w || (x->data == nullptr && T != 0))
             fail(std::string(name) + " is " + detail::shape_str(x->rows, x->cols) + " with stride " + str(x->stride) +
                  " but must be [T, kv_heads·head_dim] = " + detail::shape_str(T, w) + " with stride >= " + str(w));
+        if (T != 0) {
+            detail::check_matrix(name, *x);
+            if (detail::overlaps_pool(pool, pool_bytes, x->data, detail::matrix_elements(*x)))
+                fail(std::string(name) + " overlaps the pool");
+        }
     }
     if (T == 0) return;
     if (slots == nullptr) fail("slots is a null pointer");
-    std::vector<std::int64_t> sorted(slots, slots + T);
+    std::vector<std::int64_t> sorted;  // the written slots (-1: a padding token, vLLM's PAD_SLOT_ID, skipped)
+    for (std::size_t t = 0; t < T; ++t)
+        if (slots[t] != -1) sorted.push_back(slots[t]);
+    if (sorted.empty()) return;
     std::sort(sorted.begin(), sorted.end());
     if (sorted.front() < 0 || static_cast<std::size_t>(sorted.back()) >= capacity)
         fail("slot " + std::to_string(sorted.front() < 0 ? sorted.front() : sorted.back()) + " is outside the pool's " +
-             str(capacity) + " rows");
-    for (std::size_t t = 0; t + 1 < T; ++t)
+             str(capacity) + " rows (-1: a padding token, not written)");
+    for (std::size_t t = 0; t + 1 < sorted.size(); ++t)
         if (sorted[t] == sorted[t + 1]) fail("slot " + std::to_string(sorted[t]) + " is written twice");
     const detail::KVRows keys = detail::pool_rows(pool, false, nullptr, 0), values = detail::pool_rows(pool, true, nullptr, 0);
     for (std::size_t t = 0; t < T; ++t) {
+        if (slots[t] == -1) continue;
         const std::size_t block = static_cast<std::size_t>(slots[t]) / pool.block_size, row = static_cast<std::size_t>(slots[t]) % pool.block_size;
         for (std::size_t h = 0; h < pool.kv_heads; ++h) {
             // Unblocked rows with batch_stride of a block: row `row` of block `block`.

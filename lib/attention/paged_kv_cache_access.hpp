@@ -22,6 +22,12 @@
 
 namespace mha::detail {
 
+// A caller's pool (level 2) checked: pointers, element type and scales, non-zero sizes, a block size of 16–256,
+// extents that fit, keys and values apart. Returns the bytes of each array.
+std::size_t check_caller_pool(const PagedKVPool& pool);
+// Whether `floats` floats at data touch the pool's keys or values (`bytes` each, as check_caller_pool gave).
+bool overlaps_pool(const PagedKVPool& pool, std::size_t bytes, const float* data, std::size_t floats);
+
 // A pool's K or V rows; block_table / table_stride set per use.
 KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tables, std::size_t table_stride) noexcept;
 
