@@ -28,6 +28,7 @@ using mha::Trans;
 static_assert(std::is_base_of_v<std::invalid_argument, mha::invalid_argument>);
 
 constexpr float kSentinel = -12345.0f;
+constexpr float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Runs f and expects mha::invalid_argument whose message contains `substring`.
 void expect_invalid(const std::function<void()>& f, const std::string& substring) {
@@ -555,6 +556,33 @@ TEST_F(KernelValidation, SoftmaxStrideSmallerThanCols) {
         expect_invalid([&] { mha::softmax_rows(Matrix(x.data(), 3, 5, 4), 1.0f, {}, backend); },
                        "x stride 4 is smaller than its row of 5 columns");
     EXPECT_TRUE(all_equal(x, kSentinel));
+}
+
+// Enum values cast from integers, and a non-finite softmax scale: refused by every kernel, nothing written.
+TEST_F(KernelValidation, EnumsOutOfRangeAndNonFiniteScale) {
+    const ConstMatrix av(a.data(), 3, 4), bv(b.data(), 4, 2);
+    const Matrix cv(c.data(), 3, 2);
+    const auto bad_backend = static_cast<Backend>(5);
+    expect_invalid([&] { mha::gemm(1.0f, av, Trans::no, bv, Trans::no, 0.0f, cv, bad_backend); }, "backend 5 is not scalar or simd");
+    expect_invalid([&] { mha::gemm_bf16(1.0f, av, Trans::no, bv, Trans::no, 0.0f, cv, bad_backend); }, "backend 5 is not scalar or simd");
+    const ConstMatrix square(a.data(), 2, 2);
+    const Matrix c2(c.data(), 2, 2);
+    for (Backend backend : {Backend::scalar, Backend::simd}) {
+        expect_invalid([&] { mha::gemm(1.0f, square, static_cast<Trans>(5), square, Trans::no, 0.0f, c2, backend); },
+                       "ta 5 is not Trans::no or Trans::yes");
+        expect_invalid([&] { mha::gemm_bf16(1.0f, square, Trans::no, square, static_cast<Trans>(2), 0.0f, c2, backend); },
+                       "tb 2 is not Trans::no or Trans::yes");
+    }
+    EXPECT_TRUE(all_equal(c, kSentinel)) << "output written";
+    std::vector<float> x(3 * 5, kSentinel), y(3 * 5, kSentinel);
+    expect_invalid([&] { mha::softmax_rows(Matrix(x.data(), 3, 5), 1.0f, {}, bad_backend); }, "backend 5 is not scalar or simd");
+    for (Backend backend : {Backend::scalar, Backend::simd})
+        for (float scale : {kInf, -kInf, kNaN})
+            expect_invalid([&] { mha::softmax_rows(Matrix(x.data(), 3, 5), scale, {}, backend); }, "is not finite");
+    expect_invalid([&] { mha::layernorm_rows(ConstMatrix(x.data(), 3, 5), Matrix(y.data(), 3, 5), nullptr, nullptr, 1e-5f, {}, bad_backend); },
+                   "backend 5 is not scalar or simd");
+    EXPECT_TRUE(all_equal(x, kSentinel));
+    EXPECT_TRUE(all_equal(y, kSentinel));
 }
 
 class LayernormValidation : public testing::Test {

@@ -26,7 +26,7 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 void gemm_bf16(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c,
                Backend backend = Backend::simd);
 
-// Row softmax in place: x[i, :] = softmax(scale · x[i, :] + mask[i, :]).
+// Row softmax in place: x[i, :] = softmax(scale · x[i, :] + mask[i, :]); scale must be finite.
 //   mask: additive, same rows and cols as x (data == nullptr: no mask). -inf entries drop that column.
 //   Numerically stable (the row max is subtracted). A row whose entries are all -inf becomes zeros.
 void softmax_rows(Matrix x, float scale = 1.0f, ConstMatrix mask = {}, Backend backend = Backend::simd);

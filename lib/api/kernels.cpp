@@ -18,7 +18,10 @@ using detail::shape_str;
 
 namespace {
 
-void check_gemm(ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, Matrix c) {
+void check_gemm(ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, Matrix c, Backend backend) {
+    detail::check_backend(backend);
+    detail::check_trans(ta, "ta");
+    detail::check_trans(tb, "tb");
     check_matrix("A", a);
     check_matrix("B", b);
     check_matrix("C", c);
@@ -43,7 +46,7 @@ ConstMatrix rounded_copy(ConstMatrix x, Trans t, float* dst) {
 }  // namespace
 
 void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c, Backend backend) {
-    check_gemm(a, ta, b, tb, c);
+    check_gemm(a, ta, b, tb, c, backend);
     if (backend == Backend::scalar)
         reference::gemm(alpha, a, ta, b, tb, beta, c);
     else
@@ -51,7 +54,7 @@ void gemm(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float b
 }
 
 void gemm_bf16(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, float beta, Matrix c, Backend backend) {
-    check_gemm(a, ta, b, tb, c);
+    check_gemm(a, ta, b, tb, c, backend);
     const std::size_t m = c.rows, n = c.cols, k = ta == Trans::no ? a.cols : a.rows;
     if (backend == Backend::simd && simd::bf16_kernels_available()) {
         // op(A) in place unless transposed (the kernel rounds it while packing); op(B) into bf16 panels.
@@ -80,6 +83,8 @@ void gemm_bf16(float alpha, ConstMatrix a, Trans ta, ConstMatrix b, Trans tb, fl
 }
 
 void softmax_rows(Matrix x, float scale, ConstMatrix mask, Backend backend) {
+    detail::check_backend(backend);
+    if (!std::isfinite(scale)) fail("scale " + std::to_string(scale) + " is not finite");
     check_matrix("x", x);
     if (mask.data != nullptr) {
         check_matrix("mask", mask);
@@ -98,6 +103,7 @@ void softmax_rows(Matrix x, float scale, ConstMatrix mask, Backend backend) {
 
 void layernorm_rows(ConstMatrix x, Matrix y, const float* gamma, const float* beta, float eps, ConstMatrix residual,
                     Backend backend) {
+    detail::check_backend(backend);
     check_matrix("x", x);
     check_matrix("y", y);
     if (y.rows != x.rows || y.cols != x.cols)

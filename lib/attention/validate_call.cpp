@@ -54,11 +54,6 @@ void check_mask_extent(const char* name, const MaskView& m) {
         checked_extent(name, m.values, n);
 }
 
-void check_backend(Backend backend) {
-    if (static_cast<unsigned>(backend) > static_cast<unsigned>(Backend::simd))
-        fail("backend " + std::to_string(static_cast<int>(backend)) + " is not scalar or simd");
-}
-
 void check_threads(int threads) {
     if (threads < 0) fail("threads " + std::to_string(threads) + " is negative");
 }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "mha/error.hpp"
+#include "mha/kernels.hpp"
 #include "mha/view.hpp"
 
 namespace mha::detail {
@@ -21,6 +22,16 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
     std::string s("[");
     s.append(std::to_string(r)).append(", ").append(std::to_string(c)).append("]");
     return s;
+}
+
+// An enum value a caller cast from an integer: one of the enumerators, or fails naming it.
+inline void check_backend(Backend backend) {
+    if (static_cast<unsigned>(backend) > static_cast<unsigned>(Backend::simd))
+        fail("backend " + std::to_string(static_cast<int>(backend)) + " is not scalar or simd");
+}
+inline void check_trans(Trans t, const char* name) {
+    if (static_cast<unsigned>(t) > static_cast<unsigned>(Trans::yes))
+        fail(std::string(name) + " " + std::to_string(static_cast<int>(t)) + " is not Trans::no or Trans::yes");
 }
 
 // a·b + c, or fails naming `name` and `what` if it does not fit in size_t. Messages are built only on
