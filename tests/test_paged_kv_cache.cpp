@@ -393,7 +393,7 @@ TEST(PagedKVCache, ForkSharesBlocksAndCopiesOnWrite) {
     EXPECT_EQ(c.used_blocks(), 3u);
     EXPECT_EQ(c.length(b), 40u);
     EXPECT_EQ(c.block_table(b), c.block_table(a));
-    // Both write into the shared third block: each gets its own copy, the shared one returns to the pool.
+    // Both write into the shared third block: a copies it, b (the last of the equally long holders) keeps it.
     std::vector<float> both(ta);
     both.insert(both.end(), tb.begin(), tb.end());
     const std::vector<float> y = step_rows(m, c, {a, b}, {1, 1}, both, E);
@@ -438,6 +438,32 @@ TEST(PagedKVCache, ForkSharesBlocksAndCopiesOnWrite) {
     EXPECT_EQ(three.used_blocks(), 5u);
     const std::set<std::uint32_t> last{three.block_table(h0)[2], three.block_table(h1)[2], three.block_table(h2)[2]};
     EXPECT_EQ(last.size(), 3u);
+    // Holders of different lengths (b truncated inside the shared block): the longer keeps it and writes past
+    // the other's rows, in either step order; each sequence's output and rows equal it run alone in a fresh cache.
+    for (bool a_first : {true, false}) {
+        mha::PagedKVCache cut(4, 16, 2, d);
+        const std::size_t a1 = cut.add_sequence();
+        (void)step_rows(m, cut, {a1}, {40}, prompt, E);
+        const std::size_t b1 = cut.fork(a1);
+        cut.truncate(b1, 35);
+        std::vector<float> x2(a_first ? ta : tb);
+        x2.insert(x2.end(), (a_first ? tb : ta).begin(), (a_first ? tb : ta).end());
+        const std::vector<float> y2 = step_rows(m, cut, a_first ? std::vector<std::size_t>{a1, b1} : std::vector<std::size_t>{b1, a1}, {1, 1}, x2, E);
+        EXPECT_EQ(cut.used_blocks(), 4u);
+        for (const auto& [s, len, token] : {std::tuple<std::size_t, std::size_t, const std::vector<float>*>{a1, 40, &ta}, {b1, 35, &tb}}) {
+            mha::PagedKVCache alone(4, 16, 2, d);
+            const std::size_t u = alone.add_sequence();
+            (void)step_rows(m, alone, {u}, {len}, std::vector<float>(prompt.begin(), prompt.begin() + std::ptrdiff_t(len * E)), E);
+            const std::vector<float> want = step_rows(m, alone, {u}, {1}, *token, E);
+            const std::size_t row = (s == a1) == a_first ? 0 : 1;
+            EXPECT_TRUE(same_bits(std::vector<float>(y2.begin() + std::ptrdiff_t(row * E), y2.begin() + std::ptrdiff_t((row + 1) * E)), want))
+                << "output of " << (s == a1 ? "a" : "b") << (a_first ? ", a first" : ", b first");
+            for (std::size_t h = 0; h < 2; ++h)
+                for (bool values : {false, true})
+                    EXPECT_TRUE(same_bits(paged_rows(cut, s, h, values), paged_rows(alone, u, h, values)))
+                        << (s == a1 ? "a" : "b") << " head " << h << (values ? " values" : " keys");
+        }
+    }
     mha::PagedKVCache some(4, 16, 2, d);  // two of three holders write: both copy, and one block is free
     const std::size_t p0 = some.add_sequence();
     (void)step_rows(m, some, {p0}, {40}, prompt, E);

@@ -16,7 +16,8 @@
 // paged_attention attends over the caller's pool given per-sequence block tables, key lengths and query
 // offsets. The library never allocates or frees the caller's blocks.
 // Level 1 (mha::PagedKVCache): the library owns the pool and the block tables: sequences are added, grown by
-// appending, truncated, forked (copy-on-write: the first write into a shared block copies it) and freed.
+// appending, truncated, forked (copy-on-write: a write into a shared block copies it, unless every holder writes
+// it in that step: then the longest keeps it) and freed.
 // MultiheadAttention::forward_step (mha/attention.hpp) runs one serving step over it.
 //
 // Semantics of a step: sequence i has q_i >= 1 new tokens, the last q_i of its key_length_i keys; they are

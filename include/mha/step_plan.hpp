@@ -28,8 +28,9 @@ public:
     // each sequence at the length it has in `cache` now: the caches of a model's layers, which take the same
     // steps. Once a cache took the step its sequences are longer, so the plan is refused there
     // (mha::invalid_argument): a plan serves one step. Errors (mha::invalid_argument, nothing changed): an id
-    // not in the cache or given twice, q_lens[i] = 0, a layer that is not self-attention (kdim = vdim = E),
-    // the cache's KV heads or head dim not the layer's, threads < 0.
+    // not in the cache or given twice, q_lens[i] = 0, a step needing more new blocks than `cache` has in all
+    // (checked here, before anything is sized by its tokens), a layer that is not self-attention (kdim = vdim =
+    // E), the cache's KV heads or head dim not the layer's, threads < 0.
     StepPlan(const MultiheadAttention& layer, const PagedKVCache& cache, const std::size_t* seq_ids,
              const std::size_t* q_lens, std::size_t sequences, int threads = 0);
     ~StepPlan();

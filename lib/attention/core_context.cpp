@@ -69,10 +69,10 @@ KeyRange CoreContext::visible(std::size_t b, std::size_t i) const noexcept {
     const std::ptrdiff_t pos = query_position(b, i), n = static_cast<std::ptrdiff_t>(keys);
     std::ptrdiff_t lo = 0, hi = n;  // [lo, hi) in signed arithmetic, then clamped to [0, keys]
     if (p.causal) hi = std::min(hi, pos + 1);
-    // Sides longer than any position (< 2^61: sizes in memory) are cut to 2^61: the same keys, and no overflow.
-    constexpr long long kLongest = 1LL << 61;
-    if (p.mods.window_right >= 0) hi = std::min<std::ptrdiff_t>(hi, pos + 1 + std::min(p.mods.window_right, kLongest));
-    if (p.mods.window_left >= 0) lo = std::max<std::ptrdiff_t>(lo, pos - std::min(p.mods.window_left, kLongest));
+    // A side so long that pos ± side overflows reaches past every key: that bound is dropped, not wrapped.
+    std::ptrdiff_t edge = 0;
+    if (p.mods.window_right >= 0 && !__builtin_add_overflow(pos + 1, p.mods.window_right, &edge)) hi = std::min(hi, edge);
+    if (p.mods.window_left >= 0 && !__builtin_sub_overflow(pos, p.mods.window_left, &edge)) lo = std::max(lo, edge);
     hi = std::max<std::ptrdiff_t>(hi, 0);
     lo = std::min(lo, hi);
     return {static_cast<std::size_t>(lo), static_cast<std::size_t>(hi)};

@@ -452,7 +452,7 @@ void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner) 
     if (m.softcap > 0.0f && m.softcap < std::numeric_limits<float>::min()) {  // the kernels multiply by 1 / c
         char c[32];
         std::snprintf(c, sizeof c, "%g", static_cast<double>(m.softcap));
-        fail(o + ".softcap " + c + " is below the smallest normal float 1.17549e-38 (its reciprocal must be finite)");
+        fail(o + ".softcap " + c + " is below the smallest normal float 1.17549e-38 (the kernels multiply by 1 / softcap)");
     }
     auto check_heads_values = [&](const float* v, const char* name) {
         if (v == nullptr) return;

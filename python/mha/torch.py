@@ -75,21 +75,29 @@ def _dtype_of(module):
     return dtype or torch.float32, None
 
 
-def _unsupported(module):
-    """Why the library cannot run this nn.MultiheadAttention, or None."""
+def _unsupported_config(module):
+    """The nn.MultiheadAttention option the library lacks, or None."""
     if module.bias_k is not None or module.bias_v is not None:
         return "add_bias_kv=True is not supported by mha"
     if module.add_zero_attn:
         return "add_zero_attn=True is not supported by mha"
-    return _dtype_of(module)[1]
+    return None
+
+
+def _unsupported(module):
+    """Why the library cannot run this nn.MultiheadAttention, or None."""
+    return _unsupported_config(module) or _dtype_of(module)[1]
 
 
 def _check_supported(module):
-    """Raises why the library cannot run this module: ValueError for a configuration it lacks (add_bias_kv,
-    add_zero_attn), DTypeError for parameters' dtype or device (as for inputs)."""
-    why = _unsupported(module)
+    """Raises why the library cannot run this module: ValueError for an option it lacks (add_bias_kv,
+    add_zero_attn), DTypeError for the parameters' dtype or device (as for inputs)."""
+    why = _unsupported_config(module)
     if why:
-        raise (DTypeError if _dtype_of(module)[1] == why else ValueError)(why)
+        raise ValueError(why)
+    why = _dtype_of(module)[1]
+    if why:
+        raise DTypeError(why)
 
 
 def _f32(t):

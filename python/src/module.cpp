@@ -1,7 +1,7 @@
 // The extension module mha._mha: pybind11 bindings of MultiheadAttention, scaled_dot_product_attention and
 // KVCache on numpy arrays. Arrays are read in place as strided views whenever the library can address them
-// (unit stride along the last axis, non-negative strides that are whole elements); other layouts (F-order,
-// negative strides) are copied once, and input_copies() counts those copies so the tests can check that the
+// (unit stride along the last axis, positive strides that are whole elements); other layouts (F-order,
+// negative or zero strides) are copied once, and input_copies() counts those copies so the tests can check that the
 // common layouts are not copied. Activations are float32, or 16-bit (float16, or uint16 arrays holding
 // bfloat16 bits) for the library's HalfAttentionInputs forward. Outputs are written in place (a fresh C-order array, or `out`).
 // mha::invalid_argument becomes ValueError carrying the library's message; wrong Python types or dtypes are
@@ -35,14 +35,19 @@ template <>
 struct type_caster<Count> {
     PYBIND11_TYPE_CASTER(Count, const_name("int"));
     bool load(handle src, bool) {
-        if (!src || PyFloat_Check(src.ptr()) || !PyIndex_Check(src.ptr())) return false;
+        // Not a float, a bool (True is not sequence 1) or anything without __index__: pybind's TypeError.
+        if (!src || PyFloat_Check(src.ptr()) || PyBool_Check(src.ptr()) || !PyIndex_Check(src.ptr())) return false;
         const object i = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
         if (!i) throw error_already_set();
-        int overflow = 0;
-        const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
-        if (overflow > 0 || (overflow == 0 && v >= 0 && static_cast<unsigned long long>(v) > SIZE_MAX))
-            throw value_error("an int argument is out of range: " + std::string(py::str(src)));
-        if (overflow < 0 || v < 0) throw value_error("sizes, counts, ids and positions must be >= 0, got " + std::string(py::str(src)));
+        const object zero = reinterpret_steal<object>(PyLong_FromLong(0));
+        const int negative = PyObject_RichCompareBool(i.ptr(), zero.ptr(), Py_LT);
+        if (negative < 0) throw error_already_set();
+        if (negative) throw value_error("sizes, counts, ids and positions must be >= 0, got " + std::string(py::str(src)));
+        const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
+        if (PyErr_Occurred() || v > SIZE_MAX) {
+            PyErr_Clear();
+            throw value_error("an int argument is out of range (above 2^64 - 1): " + std::string(py::str(src)));
+        }
         value.value = static_cast<std::size_t>(v);
         return true;
     }

@@ -155,6 +155,8 @@ def test_bad_ids_and_counts_are_value_or_type_errors():
     s = cache.add_sequence()
     layer(rand(3, E), cache=cache, seq_ids=[s], q_lens=[3])
     keys = cache.keys(s)
+    with pytest.raises(TypeError):  # True is not sequence 1
+        cache.length(True)
     for call in [lambda: cache.length(-1), lambda: cache.truncate(s, -1), lambda: cache.fork(-3), lambda: cache.keys(-1),
                  lambda: cache.free_sequence(-1), lambda: mha.PagedKVCache(-1, 16, Hkv, d)]:
         with pytest.raises(ValueError, match=">= 0"):
