@@ -14,6 +14,9 @@ namespace mha {
 // applies by rank within its family: sse2 caps at neon, avx512_bf16 caps nothing, and so on.
 enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, neon = 4, neon_bf16 = 5 };
 
+// What computes a call: scalar, the plain-loop reference; simd, the xsimd kernels at the active ISA.
+enum class Backend { scalar, simd };
+
 // Name as used by MHA_ISA and the tools: "sse2", "avx2" (AVX2 + FMA + F16C), "avx512" (F/CD/DQ/BW/VL),
 // "avx512_bf16" (avx512 + AVX512_BF16), "neon" (Armv8 Advanced SIMD), "neon_bf16" (neon + FEAT_BF16).
 std::string_view isa_name(Isa isa) noexcept;

@@ -4,11 +4,12 @@
 #pragma once
 #include <cstddef>
 
+#include "mha/isa.hpp"
 #include "mha/view.hpp"
 
 namespace mha {
 
-enum class Backend { scalar, simd };  // scalar: the plain-loop reference; simd: xsimd, best ISA at run time
+// Backend (scalar reference or SIMD): mha/isa.hpp.
 // Trans (op(X) = X or Xᵀ): mha/view.hpp.
 
 // C = alpha · op(A) · op(B) + beta · C.

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "mha/error.hpp"
-#include "mha/kernels.hpp"
+#include "mha/isa.hpp"
 #include "mha/view.hpp"
 
 namespace mha::detail {
