@@ -83,6 +83,9 @@ void check_projection(const Input& w, const std::string& rows_formula, const std
              npy::shape_string({rows, cols}) + " (" + cols_name + " = " + str(cols) + " from " + cols_source + ")");
 }
 
+// --k-scale / --v-scale given with a value other than 1 (1 means no scale, as in the library).
+bool scales_given(const RunOptions& opt) { return opt.k_scale.value_or(1.0f) != 1.0f || opt.v_scale.value_or(1.0f) != 1.0f; }
+
 }  // namespace
 
 void run_command(const RunOptions& opt) {
@@ -170,7 +173,7 @@ void run_command(const RunOptions& opt) {
                  (has_past ? " (past_lengths[b] + i)" : " (0, 1, ...)"));
     } else if (opt.kv_type) {
         fail("--kv-type applies only to the KV cache path (past_key.npy / past_value.npy in the folder, or --chunk)");
-    } else if (opt.k_scale.value_or(1.0f) != 1.0f || opt.v_scale.value_or(1.0f) != 1.0f) {  // 1: no scale (as the library's)
+    } else if (scales_given(opt)) {
         fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2)");
     }
 
@@ -407,7 +410,7 @@ void run_command(const RunOptions& opt) {
     } else {
         // The past in a cache of capacity Lp + Lq, then the query in calls of --chunk tokens (one call without).
         const DataType kv_type = opt.kv_type.value_or(DataType::f32);
-        if ((opt.k_scale.value_or(1.0f) != 1.0f || opt.v_scale.value_or(1.0f) != 1.0f) && !has_tensor_scale(kv_type))
+        if (scales_given(opt) && !has_tensor_scale(kv_type))
             fail("--k-scale / --v-scale apply only to an fp8 KV cache (--kv-type fp8_e4m3 or fp8_e5m2), not " +
                  std::string(data_type_name(kv_type)));
         KVCache cache(B, Hkv, d, capacity, kv_type, opt.k_scale.value_or(1.0f), opt.v_scale.value_or(1.0f));

@@ -48,17 +48,28 @@ KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tabl
     return r;
 }
 
+std::size_t check_pool_layout(const std::string& what, DataType element, float k_scale, float v_scale, std::size_t num_blocks,
+                              std::size_t block_size, std::size_t kv_heads, std::size_t head_dim) {
+    if (!is_element_type(element))
+        fail(what + " element type " + std::to_string(static_cast<int>(element)) +
+             " is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
+    check_kv_scales(what.c_str(), element, k_scale, v_scale);
+    if (num_blocks == 0 || kv_heads == 0 || head_dim == 0)
+        fail(what + " dimensions must be non-zero: num_blocks " + str(num_blocks) + ", kv_heads " + str(kv_heads) +
+             ", head_dim " + str(head_dim));
+    if (!valid_block_size(block_size)) fail(what + " block_size " + str(block_size) + " is not 16, 32, 64, 128 or 256");
+    if (num_blocks > UINT32_MAX) fail(what + " num_blocks " + str(num_blocks) + " exceeds 2^32 - 1 (block tables are 32-bit)");
+    const std::size_t rows = checked_madd(kv_heads, block_size, 0, what.c_str(), "rows per block (kv_heads · block_size)");
+    const std::size_t block = checked_madd(rows, element_format(element).row_bytes(head_dim), 0, what.c_str(), "block bytes");
+    const std::size_t bytes = checked_madd(num_blocks, block, 0, what.c_str(), "bytes (num_blocks · kv_heads · block_size · row)");
+    checked_extent(what.c_str(), static_cast<const unsigned char*>(nullptr), checked_madd(bytes, 2, 0, what.c_str(), "bytes"));
+    return bytes;
+}
+
 std::size_t check_caller_pool(const PagedKVPool& pool) {
     if (pool.keys == nullptr || pool.values == nullptr) fail("the pool's keys and values must not be null");
-    if (!is_element_type(pool.element)) fail("the pool's element type is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
-    check_kv_scales("the pool's", pool.element, pool.k_scale, pool.v_scale);
-    if (pool.num_blocks == 0 || pool.block_size == 0 || pool.kv_heads == 0 || pool.head_dim == 0)
-        fail("the pool's num_blocks, block_size, kv_heads and head_dim must be non-zero");
-    if (!valid_block_size(pool.block_size))
-        fail("the pool's block_size " + str(pool.block_size) + " is not 16, 32, 64, 128 or 256");
-    const std::size_t rows = checked_madd(pool.kv_heads, pool.block_size, 0, "the pool", "rows per block (kv_heads · block_size)");
-    const std::size_t block = checked_madd(rows, element_format(pool.element).row_bytes(pool.head_dim), 0, "the pool", "block bytes");
-    const std::size_t bytes = checked_madd(pool.num_blocks, block, 0, "the pool", "bytes (num_blocks · kv_heads · block_size · row)");
+    const std::size_t bytes = check_pool_layout("the pool's", pool.element, pool.k_scale, pool.v_scale, pool.num_blocks,
+                                                pool.block_size, pool.kv_heads, pool.head_dim);
     checked_extent("the pool's keys", static_cast<const unsigned char*>(pool.keys), bytes);
     checked_extent("the pool's values", static_cast<const unsigned char*>(pool.values), bytes);
     if (overlaps(static_cast<const unsigned char*>(pool.keys), bytes, static_cast<const unsigned char*>(pool.values), bytes))
@@ -127,7 +138,7 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
                  str(s.length) + " (a plan serves one step, in caches that took the same steps)");
         needed += blocks_for(step.key_lengths[i], bs) - blocks_for(past, bs);
         if (past % bs != 0 && c.refs_[s.blocks.back()] > 1) {
-            SharedWrite& w = shared[s.blocks.back()];
+            SharedWrite& w = shared[s.blocks.back()];  // inserted on first sight
             if (w.writers++ == 0 || past >= w.keeper_past) w.keeper = i, w.keeper_past = past;
         }
     }
@@ -144,7 +155,7 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
         std::uint32_t* t = r.tables.data() + i * step.table_stride;
         std::copy(s.blocks.begin(), s.blocks.end(), t);
         if (s.length % bs != 0 && c.refs_[s.blocks.back()] > 1) {
-            const SharedWrite& w = shared[s.blocks.back()];
+            const SharedWrite& w = shared.at(s.blocks.back());
             if (w.writers != c.refs_[s.blocks.back()] || w.keeper != i) {
                 const std::uint32_t copy = c.free_[--next];
                 r.copies.emplace_back(s.blocks.back(), copy);
@@ -191,19 +202,9 @@ void PagedKVCacheAccess::commit_step(PagedKVCache& c, const StepReservation& r) 
 
 PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::size_t kv_heads, std::size_t head_dim,
                            DataType element, float k_scale, float v_scale) {
-    if (!detail::is_element_type(element))
-        fail("PagedKVCache element type " + str(static_cast<int>(element)) + " is not f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2");
-    detail::check_kv_scales("PagedKVCache", element, k_scale, v_scale);
-    if (num_blocks == 0 || kv_heads == 0 || head_dim == 0)
-        fail("PagedKVCache dimensions must be non-zero: num_blocks " + str(num_blocks) + ", kv_heads " + str(kv_heads) +
-             ", head_dim " + str(head_dim));
-    if (!valid_block_size(block_size)) fail("block_size " + str(block_size) + " is not 16, 32, 64, 128 or 256");
-    if (num_blocks > UINT32_MAX) fail("num_blocks " + str(num_blocks) + " exceeds 2^32 - 1");
-    std::size_t n = detail::checked_madd(num_blocks, kv_heads, 0, "PagedKVCache", "size");
-    n = detail::checked_madd(n, block_size, 0, "PagedKVCache", "size");
-    n = detail::checked_madd(n, detail::element_format(element).row_elements(head_dim), 0, "PagedKVCache", "size");
-    detail::checked_extent("PagedKVCache", static_cast<const float*>(nullptr), detail::checked_madd(n, 2, 0, "PagedKVCache", "size"));
-    const std::size_t size = detail::element_format(element).bytes, total = 2 * n * size;
+    const std::size_t half =
+        detail::check_pool_layout("PagedKVCache", element, k_scale, v_scale, num_blocks, block_size, kv_heads, head_dim);
+    const std::size_t total = 2 * half;  // keys, then values
     refs_.assign(num_blocks, 0);
     free_.resize(num_blocks);
     for (std::size_t b = 0; b < num_blocks; ++b) free_[b] = static_cast<std::uint32_t>(num_blocks - 1 - b);  // 0 first
@@ -212,7 +213,7 @@ PagedKVCache::PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::
     madvise(block, total, MADV_HUGEPAGE);  // as KVCache: a hint, harmless when refused
 #endif
     bytes_ = total;
-    pool_ = {block, block + n * size, element, num_blocks, block_size, kv_heads, head_dim, k_scale, v_scale};
+    pool_ = {block, block + half, element, num_blocks, block_size, kv_heads, head_dim, k_scale, v_scale};
 }
 
 PagedKVCache::~PagedKVCache() {

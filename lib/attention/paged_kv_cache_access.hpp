@@ -22,6 +22,10 @@
 
 namespace mha::detail {
 
+// A pool's element type, scales, sizes (non-zero; a block size of 16–256; at most 2^32 - 1 blocks) and byte count
+// checked, messages starting with `what`; returns the bytes of its keys (as of its values). Both levels use it.
+std::size_t check_pool_layout(const std::string& what, DataType element, float k_scale, float v_scale, std::size_t num_blocks,
+                              std::size_t block_size, std::size_t kv_heads, std::size_t head_dim);
 // A caller's pool (level 2) checked: pointers, element type and scales, non-zero sizes, a block size of 16–256,
 // extents that fit, keys and values apart. Returns the bytes of each array.
 std::size_t check_caller_pool(const PagedKVPool& pool);

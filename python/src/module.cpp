@@ -22,6 +22,17 @@
 
 namespace py = pybind11;
 
+// x as a Python int through __index__ (numpy's integers too), or a null object for a float, a bool (True is not
+// sequence 1) or anything without __index__. Both integer readers below start here.
+namespace {
+py::object index_of(py::handle x) {
+    if (!x || PyFloat_Check(x.ptr()) || PyBool_Check(x.ptr()) || !PyIndex_Check(x.ptr())) return {};
+    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(x.ptr()));
+    if (!i) throw py::error_already_set();
+    return i;
+}
+}  // namespace
+
 // A count, size, index or id argument: a Python int (or any object with __index__, as numpy's integers) >= 0.
 // pybind's own std::size_t caster reports a negative value as a TypeError ("incompatible function arguments");
 // here it is a ValueError, as the library's own refusals. A non-integer is still a TypeError.
@@ -35,10 +46,8 @@ template <>
 struct type_caster<Count> {
     PYBIND11_TYPE_CASTER(Count, const_name("int"));
     bool load(handle src, bool) {
-        // Not a float, a bool (True is not sequence 1) or anything without __index__: pybind's TypeError.
-        if (!src || PyFloat_Check(src.ptr()) || PyBool_Check(src.ptr()) || !PyIndex_Check(src.ptr())) return false;
-        const object i = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
-        if (!i) throw error_already_set();
+        const object i = index_of(src);
+        if (!i) return false;  // pybind's TypeError
         const object zero = reinterpret_steal<object>(PyLong_FromLong(0));
         const int negative = PyObject_RichCompareBool(i.ptr(), zero.ptr(), Py_LT);
         if (negative < 0) throw error_already_set();
@@ -67,9 +76,8 @@ std::string dtype_name(const py::array& a) { return py::str(a.dtype()); }
 
 // x as a long long: an int (or __index__) in range, else TypeError / ValueError naming `what`.
 long long int_of(py::handle x, const std::string& what) {
-    if (PyFloat_Check(x.ptr()) || !PyIndex_Check(x.ptr())) type_error(what + " must be an int, got " + type_name(x));
-    const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(x.ptr()));
-    if (!i) throw py::error_already_set();
+    const py::object i = index_of(x);
+    if (!i) type_error(what + " must be an int, got " + type_name(x));
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (overflow != 0) value_error(what + " is out of range: " + std::string(py::str(x)));
@@ -508,15 +516,6 @@ std::unique_ptr<PyLayer> make_layer(std::size_t E, std::size_t H, std::size_t Hk
     return std::unique_ptr<PyLayer>(new PyLayer{mha::MultiheadAttention(aw, cfg), H});
 }
 
-std::vector<std::size_t> positions_of(py::handle h) {
-    std::vector<std::size_t> out;
-    for (auto item : py::iter(h)) {
-        const long long v = int_of(item, "positions[" + std::to_string(out.size()) + "]");
-        if (v < 0) value_error("positions must be >= 0, got " + std::to_string(v));
-        out.push_back(static_cast<std::size_t>(v));
-    }
-    return out;
-}
 
 // A StepPlan (mha/step_plan.hpp): made once per step, given to every layer's call with plan=.
 struct PyStepPlan {
@@ -659,7 +658,7 @@ py::tuple layer_forward(const PyLayer& self, py::handle query, py::handle key, p
     opt.position_offset = position_offset;
     std::vector<std::size_t> pos;
     if (!positions.is_none()) {
-        pos = positions_of(positions);
+        pos = sizes_of(positions, "positions");
         if (pos.size() != in.query.batch) {
             value_error("positions has " + std::to_string(pos.size()) + " entries, expected the batch size " +
                         std::to_string(in.query.batch));

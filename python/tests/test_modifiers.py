@@ -135,7 +135,7 @@ def test_window_sides_of_any_length_are_unbounded():
             np.testing.assert_array_equal(mha.scaled_dot_product_attention(q, q, q, window=window), plain)
 
 
-@pytest.mark.parametrize("window", [(1.5, 0), ("a", 0), (0, "1")])
+@pytest.mark.parametrize("window", [(1.5, 0), ("a", 0), (0, "1"), (True, 3), (2, False)])
 def test_window_sides_must_be_ints(window):
     with pytest.raises(TypeError, match="window (left|right) must be an int"):
         mha.MultiheadAttention(32, 4, seed=0, window=window)

@@ -161,7 +161,7 @@ def test_bad_ids_and_counts_are_value_or_type_errors():
                  lambda: cache.free_sequence(-1), lambda: mha.PagedKVCache(-1, 16, Hkv, d)]:
         with pytest.raises(ValueError, match=">= 0"):
             call()
-    for ids, q in [([0.5], [1]), ([s], [1.0]), ([None], [1])]:
+    for ids, q in [([0.5], [1]), ([s], [1.0]), ([None], [1]), ([True], [1]), ([s], [True])]:
         with pytest.raises(TypeError, match="must be an int"):
             layer(rand(1, E), cache=cache, seq_ids=ids, q_lens=q)
     with pytest.raises(ValueError, match="needs at least"):  # sized by the pool before anything by the tokens
