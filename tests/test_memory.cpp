@@ -79,24 +79,24 @@ TEST(Memory, WeightBytesIsOnePackedCopy) {
 }
 
 TEST(Memory, WeightBytesOfABf16Layer) {
-    // bf16 compute on bf16 kernels (AVX512_BF16, FEAT_BF16) keeps the bf16 panels (2 bytes per weight) next to the fp32 copies of the
-    // rounded weights; a forward reads the panels only. At E = 768 there is no padding either way.
+    // bf16 compute packs the rounded weights as bf16 (2 bytes per weight) in the fp32 GEMM's panels; on bf16
+    // kernels (AVX512_BF16, FEAT_BF16) also in their own panels. A forward reads one of the two. At E = 768
+    // there is no padding either way.
     const std::size_t E = 768;
     const Weights w(E);
-    const std::size_t fp32 = (4 * E * E + 4 * E) * sizeof(float), biases = 4 * E * sizeof(float);
+    const std::size_t fp32 = (4 * E * E + 4 * E) * sizeof(float), biases = 4 * E * sizeof(float), bf16 = 4 * E * E * 2;
     const mha::MultiheadAttention f(w.get(), E, 12);
     EXPECT_EQ(f.weight_bytes_read(), fp32);
     const mha::MultiheadAttention m(w.get(), mha::AttentionConfig{E, 12, 0, 0, 0, 0, std::nullopt, mha::DataType::bf16, std::nullopt, {}});
+    EXPECT_EQ(m.weight_bytes_read(), bf16 + biases);
     if (!mha::has_bf16_kernels(mha::active_isa())) {
-        EXPECT_EQ(m.weight_bytes(), fp32);
-        EXPECT_EQ(m.weight_bytes_read(), fp32);
+        EXPECT_EQ(m.weight_bytes(), bf16 + biases);
         return;
     }
-    EXPECT_EQ(m.weight_bytes(), fp32 + 4 * E * E * 2);
-    EXPECT_EQ(m.weight_bytes_read(), 4 * E * E * 2 + biases);
+    EXPECT_EQ(m.weight_bytes(), 2 * bf16 + biases);
     const mha::Isa saved = mha::active_isa();
-    mha::set_isa_cap(mha::fp32_kernel_isa(saved));  // below the bf16 kernels the rounded fp32 copies are read
-    EXPECT_EQ(m.weight_bytes_read(), fp32);
+    mha::set_isa_cap(mha::fp32_kernel_isa(saved));  // below the bf16 kernels the fp32 GEMM's bf16 panels are read
+    EXPECT_EQ(m.weight_bytes_read(), bf16 + biases);
     mha::set_isa_cap(saved);
 }
 

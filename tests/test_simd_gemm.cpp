@@ -35,6 +35,7 @@
 
 #include "simd/gemm_blocking.hpp"
 #include "simd/isa_table.hpp"
+#include "simd/round_bf16.hpp"
 #include "simd/simd.hpp"
 
 namespace {
@@ -49,6 +50,7 @@ constexpr double kC = 2.0;  // the constant of the error bound above
 constexpr std::uint32_t kSentinelBits = 0x7fc0beefu;  // a quiet NaN with a payload, in every padding float
 const float kSentinel = std::bit_cast<float>(kSentinelBits);
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInfinity = std::numeric_limits<float>::infinity();
 
 // The ISA's register tile and k-block, for the tail sweeps.
 struct Tile {
@@ -95,6 +97,16 @@ struct Stored {
 // Bitwise equality (the padding holds NaN, which == never matches).
 bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// Bitwise equality except that any two NaNs match: which NaN operand an add or FMA passes on (and so a NaN's
+// sign) depends on the operand order the compiler chose in each kernel.
+bool same_bits_or_nan(const std::vector<float>& x, const std::vector<float>& y) {
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i)
+        if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i]) && !(std::isnan(x[i]) && std::isnan(y[i])))
+            return false;
+    return true;
 }
 
 float max_abs(const Stored& m) {
@@ -324,6 +336,63 @@ TEST_P(SimdGemm, PackedRowSplitIsBitwiseEqual) {
     mha::simd::gemm(1.0f, x.view(), Trans::no, w.view(), Trans::yes, 0.0f, plain.mview());
     for (std::size_t i = 0; i < m; ++i)
         for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(plain.at(i, j) + bias[j], whole.at(i, j)) << i << ", " << j;
+}
+
+// bf16 panels (PanelElement::bf16) widen each value exactly in the microkernel: a GEMM on them gives bitwise
+// what f32 panels of the same values rounded to bf16 give (same products, same k order), for every row and
+// column tail, one to three k-blocks, both transposes, beta and bias, and rows split across calls; the panels
+// take half the bytes and unpack to the rounded values. Specials (±inf, NaN, a value that rounds to inf, a
+// tie) sit in B.
+TEST_P(SimdGemm, Bf16PanelsGiveTheBitsOfRoundedF32Panels) {
+    using mha::simd::PackedMatrix;
+    using mha::simd::PanelElement;
+    std::mt19937 gen(650);
+    unsigned cases = 0;
+    for (Trans ta : kTrans)
+        for (Trans tb : kTrans)
+            for (std::size_t k : {std::size_t(1), std::size_t(17), tile.kc + 1, 2 * tile.kc + 5})
+                for (std::size_t n : {std::size_t(1), tile.nr - 1, tile.nr + 1, tile.nc + tile.nr + 3})
+                    for (std::size_t m : {std::size_t(1), tile.mr, tile.mr + 1, 3 * tile.mr + 2}) {
+                        if (k > tile.kc && n > tile.nc && m > 1) continue;  // the long shapes once per k and n
+                        const Stored a(ta == Trans::no ? m : k, ta == Trans::no ? k : m, 1, gen);
+                        Stored b(tb == Trans::no ? k : n, tb == Trans::no ? n : k, 2, gen);
+                        const float specials[] = {kInfinity, -kInfinity, kNaN, 3.3961e38f, 1.00390625f, -0.0f};
+                        for (std::size_t s = 0; s < 6 && s < b.rows * b.cols; ++s)
+                            b.at(s % b.rows, (s * 7) % b.cols) = specials[s];
+                        Stored rounded = b;
+                        for (std::size_t i = 0; i < b.rows; ++i) mha::simd::round_to_bf16_inplace(&rounded.at(i, 0), b.cols);
+                        const PackedMatrix p32(rounded.view(), tb), p16(b.view(), tb, 1, PanelElement::bf16);
+                        ASSERT_EQ(p16.element(), PanelElement::bf16);
+                        EXPECT_EQ(p16.bytes() * 2, p32.bytes());
+                        std::vector<float> bias(n);
+                        for (auto& x : bias) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
+                        for (float beta : {0.0f, 0.5f}) {
+                            const bool with_bias = beta == 0.0f;
+                            Stored c32(m, n, 3, gen), c16 = c32, split = c32;
+                            const float* bp = with_bias ? bias.data() : nullptr;
+                            mha::simd::gemm_packed(0.75f, a.view(), ta, p32, beta, bp, c32.mview());
+                            mha::simd::gemm_packed(0.75f, a.view(), ta, p16, beta, bp, c16.mview());
+                            ASSERT_TRUE(same_bits_or_nan(c32.buf, c16.buf)) << "m=" << m << " n=" << n << " k=" << k;
+                            ASSERT_TRUE(c16.padding_intact());
+                            if (ta == Trans::no && m > 1) {  // row blocks of one call
+                                const std::size_t half = m / 2;
+                                mha::simd::gemm_packed(0.75f, a.view().row_block(0, half), ta, p16, beta, bp,
+                                                       split.mview().row_block(0, half));
+                                mha::simd::gemm_packed(0.75f, a.view().row_block(half, m - half), ta, p16, beta, bp,
+                                                       split.mview().row_block(half, m - half));
+                                ASSERT_TRUE(same_bits_or_nan(c32.buf, split.buf)) << "split m=" << m << " n=" << n << " k=" << k;
+                                ASSERT_TRUE(split.padding_intact());
+                            }
+                            ++cases;
+                        }
+                        const std::size_t kk = tb == Trans::no ? k : n, nn = tb == Trans::no ? n : k;
+                        std::vector<float> back(kk * nn), want(kk * nn);
+                        p16.unpack(Matrix(back.data(), b.rows, b.cols, b.cols), tb);
+                        for (std::size_t i = 0; i < b.rows; ++i)
+                            for (std::size_t j = 0; j < b.cols; ++j) want[i * b.cols + j] = rounded.at(i, j);
+                        ASSERT_EQ(std::memcmp(back.data(), want.data(), back.size() * sizeof(float)), 0) << "unpack";
+                    }
+    EXPECT_GT(cases, 200u);
 }
 
 // A B operand packed once into panels (fused attention's K_hᵀ and V_h): gemm_panels gives bitwise what

@@ -420,6 +420,11 @@ void bench_command(const BenchOptions& opt) {
             const std::size_t d = opt.head_dim.value_or(E / H), N = opt.decode_seqs, P = opt.prefill_seqs;
             if (N + P == 0) throw tool_error("--decode-seqs and --prefill-seqs are both 0: the step has no sequence");
             if (opt.backend == Backend::scalar) throw tool_error("--op step runs the SIMD backend only");
+            if (opt.core_only && opt.dtype != DataType::f32)
+                throw tool_error("--dtype " + std::string(data_type_name(opt.dtype)) +
+                                 " does not apply with --core-only: the attention core (mha::paged_attention) computes in fp32");
+            if (opt.core_only && opt.rope_theta)
+                throw tool_error("--rope-theta does not apply with --core-only: the attention core takes rotated queries and keys");
             // Per sequence: cached keys and new tokens; decodes first, then the prefill chunks.
             std::vector<std::size_t> past, q_lens;
             for (std::size_t i = 0; i < N; ++i) {
@@ -512,13 +517,15 @@ void bench_command(const BenchOptions& opt) {
             j["prefill_len"] = opt.prefill_len, j["prefill_past"] = opt.prefill_past, j["block_size"] = bs;
             j["embed"] = E, j["heads"] = H, j["kv_heads"] = Hkv, j["head_dim"] = d;
             j["kv_type"] = std::string(data_type_name(opt.kv_type));
+            j["rope_theta"] = opt.rope_theta ? nlohmann::ordered_json(*opt.rope_theta) : nlohmann::ordered_json(nullptr);
             j["core_only"] = opt.core_only;
             shape = "decode_seqs=" + std::to_string(N) + " kv_seq=" + std::to_string(LK) + (opt.ragged ? " ragged" : "") +
                     " prefill_seqs=" + std::to_string(P) + " prefill_len=" + std::to_string(opt.prefill_len) +
                     " prefill_past=" + std::to_string(opt.prefill_past) + " block_size=" + std::to_string(bs) + " tokens=" +
                     std::to_string(T) + " embed=" + std::to_string(E) + " heads=" + std::to_string(H) + " kv_heads=" +
                     std::to_string(Hkv) + " head_dim=" + std::to_string(d) + " kv_type=" + std::string(data_type_name(opt.kv_type)) +
-                    (opt.core_only ? " core_only" : "") + " path=" + path;
+                    (opt.rope_theta ? " rope_theta=" + std::to_string(*opt.rope_theta) : "") + (opt.core_only ? " core_only" : "") +
+                    " path=" + path;
             mods.describe(j, shape);
             break;
         }

@@ -95,13 +95,24 @@ int main(int argc, char** argv) {
             return ok ? std::string() : "must be a positive integer, got '" + v + "'";
         },
         "POSITIVE");
-    // A positive, finite real number (the fp8 cache scales).
+    // A count that may be 0 (CLI11's size_t parse takes "-1" as 2^64 - 1).
+    const CLI::Validator non_negative(
+        [](std::string& v) {
+            char* end = nullptr;
+            errno = 0;
+            const long long n = std::strtoll(v.c_str(), &end, 10);
+            const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= 0;
+            return ok ? std::string() : "must be an integer >= 0, got '" + v + "'";
+        },
+        "NONNEGATIVE");
+    // A positive real number that is finite as a 32-bit float (the library's float: 3.4028235e38 is, 1e39 and 1e-46
+    // are not), as the library takes its scales and softcap.
     const CLI::Validator positive_real(
         [](std::string& v) {
             char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            const bool ok = end != v.c_str() && *end == '\0' && std::isfinite(x) && x > 0 && x <= 3.4e38;
-            return ok ? std::string() : "must be a positive finite number, got '" + v + "'";
+            const float x = std::strtof(v.c_str(), &end);
+            const bool ok = end != v.c_str() && *end == '\0' && std::isfinite(x) && x > 0.0f;
+            return ok ? std::string() : "must be a positive number that is finite as a 32-bit float, got '" + v + "'";
         },
         "POSITIVE");
 
@@ -233,18 +244,21 @@ int main(int argc, char** argv) {
     only_for(seq_opt, heads_ops);
     CLI::Option* kv_opt = bench->add_option("--kv-seq", kv_seq,
                                             "attention/sdpa: key/value length Lk (default: --seq); decode: tokens already "
-                                            "cached per sequence (default 1024)")
+                                            "cached per sequence (default 1024); step: keys cached per decode sequence (default 2048)")
                               ->check(positive);
     only_for(kv_opt, shape_ops);
-    only_for(bench->add_option("--decode-seqs", bench_opts.decode_seqs, "step: decode sequences (one new token each; default 16)"),
+    only_for(bench->add_option("--decode-seqs", bench_opts.decode_seqs, "step: decode sequences (one new token each; default 16)")
+                 ->check(non_negative),
              step_op);
     only_for(bench->add_flag("--ragged", bench_opts.ragged,
                              "step: decode sequences hold evenly spaced key counts from --kv-seq/2 to 3·--kv-seq/2"),
              step_op);
-    only_for(bench->add_option("--prefill-seqs", bench_opts.prefill_seqs, "step: prefill chunks (default 0)"), step_op);
+    only_for(bench->add_option("--prefill-seqs", bench_opts.prefill_seqs, "step: prefill chunks (default 0)")->check(non_negative),
+             step_op);
     only_for(bench->add_option("--prefill-len", bench_opts.prefill_len, "step: tokens per prefill chunk (default 256)")->check(positive),
              step_op);
-    only_for(bench->add_option("--prefill-past", bench_opts.prefill_past, "step: keys cached before each prefill chunk (default 0)"),
+    only_for(bench->add_option("--prefill-past", bench_opts.prefill_past, "step: keys cached before each prefill chunk (default 0)")
+                 ->check(non_negative),
              step_op);
     only_for(bench->add_option("--block-size", bench_opts.block_size, "step: paged cache block size 16, 32, 64 (default), 128 or 256")
                  ->check(CLI::IsMember({16, 32, 64, 128, 256})),
@@ -255,10 +269,10 @@ int main(int argc, char** argv) {
     only_for(bench->add_option("--embed", bench_opts.embed, "attention/decode/step: embed dim E (default 768)")->check(positive), layer_ops);
     only_for(bench->add_option("--heads", bench_opts.heads, "attention/sdpa/decode/step: query heads H (default 12)")->check(positive), shape_ops);
     CLI::Option* bench_kv_heads_opt =
-        bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa/decode: key/value heads Hkv (default: --heads)")->check(positive);
+        bench->add_option("--kv-heads", bench_kv_heads, "attention/sdpa/decode/step: key/value heads Hkv (default: --heads)")->check(positive);
     only_for(bench_kv_heads_opt, shape_ops);
     CLI::Option* bench_head_dim_opt =
-        bench->add_option("--head-dim", bench_head_dim, "attention/sdpa/decode: head dim d (default: attention/decode E / H, sdpa 64)")
+        bench->add_option("--head-dim", bench_head_dim, "attention/sdpa/decode/step: head dim d (default: attention/decode/step E / H, sdpa 64)")
             ->check(positive);
     only_for(bench_head_dim_opt, shape_ops);
     CLI::Option* kdim_opt = bench->add_option("--kdim", bench_kdim, "attention: key features (default: --embed)")->check(positive);
@@ -266,7 +280,7 @@ int main(int argc, char** argv) {
     CLI::Option* vdim_opt = bench->add_option("--vdim", bench_vdim, "attention: value features (default: --kdim)")->check(positive);
     only_for(vdim_opt, attention);
     CLI::Option* bench_rope_opt =
-        bench->add_option("--rope-theta", bench_rope_theta, "attention/decode: rotary embeddings (half style, all dims) with this base");
+        bench->add_option("--rope-theta", bench_rope_theta, "attention/decode/step: rotary embeddings (half style, all dims) with this base");
     only_for(bench_rope_opt, layer_ops);
     only_for(bench->add_flag("--causal", bench_opts.causal,
                              "attention: causal mask (top-left); sdpa: causal mask (bottom-right when --kv-seq differs; "
@@ -284,7 +298,7 @@ int main(int argc, char** argv) {
              {BenchOp::softmax, BenchOp::layernorm});
     bench->add_option("--backend", bench_backend, "Kernels: scalar (the reference) or simd (default)")->check(CLI::IsMember(backend_names));
     std::string bench_dtype = "f32";
-    only_for(bench->add_option("--dtype", bench_dtype, "attention/decode/gemm: compute type f32 (default) or bf16")
+    only_for(bench->add_option("--dtype", bench_dtype, "attention/decode/step/gemm: compute type f32 (default) or bf16 (step: not with --core-only)")
                  ->check(CLI::IsMember(dtype_names)),
              {BenchOp::attention, BenchOp::decode, BenchOp::step, BenchOp::gemm});
     CLI::Option* threads_opt = bench->add_option("--threads", threads,

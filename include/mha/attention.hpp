@@ -297,8 +297,9 @@ public:
     // length and the capacity, nothing written (cache included). Lengths advance only when the call succeeds;
     // Lq = 0 appends nothing (the query's batch must still be the cache's).
     // Chunking is invisible up to float rounding: a prompt fed in one call, in chunks, or token by token gives
-    // the same outputs within the bound of tests/test_kv_cache.cpp (not bitwise: the projection and
-    // attention paths block the work differently for different Lq).
+    // the same outputs within the bound of tests/test_kv_cache.cpp with fp32 compute (not bitwise: the
+    // projection and attention paths block the work differently for different Lq). With bf16 compute the paths
+    // also round P at different points (docs/bf16-accuracy.md), so they agree only within bf16's error bound.
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache) const;
     void forward(const AttentionInputs& in, const AttentionOutputs& out, const ForwardOptions& options, KVCache& cache,
                  Workspace& workspace) const;
@@ -346,12 +347,12 @@ public:
     // query are read) and options needs; 0 for the scalar backend. With options.threads == 0 it depends on
     // the arena the caller is in (all cores outside any): ask from where forward will run.
     std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options = {}) const;
-    // Bytes of weights this object holds: the packed projections (one copy each, panel padding included; with
-    // bf16 compute on AVX512_BF16 also their bf16 panels), the biases and the norm parameters. 0 on a
-    // moved-from object.
+    // Bytes of weights this object holds: the packed projections (one copy each, panel padding included, 2 bytes
+    // per weight with bf16 compute; on AVX512_BF16 also the bf16 kernels' panels), the biases and the norm
+    // parameters. 0 on a moved-from object.
     std::size_t weight_bytes() const noexcept;
-    // Bytes of packed weights and biases one SIMD forward reads at the current ISA cap: the bf16 panels when a
-    // bf16 layer runs on the bf16 kernels, else the fp32 copies (what a decode step streams from memory).
+    // Bytes of packed weights and biases one SIMD forward reads at the current ISA cap (what a decode step
+    // streams from memory): one packing of the projections, 2 bytes per weight with bf16 compute, 4 with fp32.
     std::size_t weight_bytes_read() const noexcept;
 
     // The path forward(in, out, options) takes (AttentionPath): scalar for the scalar backend, else the SIMD

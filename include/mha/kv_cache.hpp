@@ -38,7 +38,8 @@ public:
     KVCache() noexcept = default;  // empty: batch 0
     // Allocates 2·B·Hkv·capacity rows of `element` (std::bad_alloc may propagate); every length 0. k_scale and
     // v_scale: the fp8 types' per-tensor scales (a stored key is fp8(k / k_scale), read back as fp8·k_scale),
-    // positive and finite; the other types take only 1.
+    // positive and at most FLT_MAX / the format's largest value (448 for e4m3, 57344 for e5m2: every read-back
+    // value finite); the other types take only 1.
     // Throws mha::invalid_argument if a dimension is 0, the size overflows, `element` is not a DataType, or a
     // scale is not as above.
     KVCache(std::size_t batch, std::size_t kv_heads, std::size_t head_dim, std::size_t capacity,

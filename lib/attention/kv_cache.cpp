@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -182,9 +183,15 @@ namespace detail {
 void check_kv_scales(const char* what, DataType element, float k_scale, float v_scale) {
     for (const auto& [name, x] : {std::pair<const char*, float>{"k_scale", k_scale}, {"v_scale", v_scale}}) {
         if (has_tensor_scale(element) ? !(std::isfinite(x) && x > 0.0f) : x != 1.0f)
-            fail(std::string(what) + " " + name + " is " + std::to_string(x) + " but " +
+            fail(std::string(what) + " " + name + " is " + float_str(x) + " but " +
                  (has_tensor_scale(element) ? std::string("must be positive and finite")
                                             : "must be 1 for a " + std::string(data_type_name(element)) + " cache (only fp8 takes scales)"));
+        // Saturation keeps the codes finite; the read-back value (code · scale) must be too.
+        const float largest = element == DataType::fp8_e4m3 ? 448.0f : 57344.0f;
+        if (has_tensor_scale(element) && !std::isfinite(largest * x))
+            fail(std::string(what) + " " + name + " is " + float_str(x) + " but must be at most " +
+                 float_str(std::numeric_limits<float>::max() / largest) + " for " + std::string(data_type_name(element)) +
+                 ": its largest value " + float_str(largest) + " times the scale overflows float");
     }
 }
 

@@ -111,8 +111,8 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     if (w.norm_weight) s->norm_w.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) s->norm_b.assign(w.norm_bias, w.norm_bias + E);
     // One packed copy of each weight, straight from the caller's memory (bf16 compute: of the rounded weights,
-    // plus the bf16 panels when the CPU has AVX512_BF16; the fp32 copy serves a lower ISA cap and the scalar
-    // backend).
+    // plus the bf16 kernels' panels when the CPU has AVX512_BF16; the packed copy serves the CPUs without them, a
+    // lower ISA cap and the scalar backend).
     const float* wq = packed ? w.in_proj_weight : w.q_proj_weight;
     const float* wk = packed ? w.in_proj_weight + qw * E : w.k_proj_weight;
     const float* wv = packed ? w.in_proj_weight + (qw + kvw) * E : w.v_proj_weight;
@@ -138,14 +138,17 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
         }
         wq = rounded[0].data(), wk = rounded[1].data(), wv = rounded[2].data(), wo = rounded[3].data();
     }
+    // bf16 compute: the rounded weights in bf16 panels that the fp32 GEMM widens exactly (the bits of fp32
+    // panels, half the bytes streamed and held).
+    const simd::PanelElement element = cfg.compute == DataType::bf16 ? simd::PanelElement::bf16 : simd::PanelElement::f32;
     if (s->qkv_packed) {  // Wq, Wk, Wv as segments of one matrix: self-attention runs one GEMM
-        s->in_proj = simd::PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
+        s->in_proj = simd::PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes, element);
     } else {
-        s->q_proj = simd::PackedMatrix(ConstMatrix(wq, qw, E), Trans::yes);
-        s->k_proj = simd::PackedMatrix(ConstMatrix(wk, kvw, kdim), Trans::yes);
-        s->v_proj = simd::PackedMatrix(ConstMatrix(wv, kvw, vdim), Trans::yes);
+        s->q_proj = simd::PackedMatrix(ConstMatrix(wq, qw, E), Trans::yes, 1, element);
+        s->k_proj = simd::PackedMatrix(ConstMatrix(wk, kvw, kdim), Trans::yes, 1, element);
+        s->v_proj = simd::PackedMatrix(ConstMatrix(wv, kvw, vdim), Trans::yes, 1, element);
     }
-    s->out_proj = simd::PackedMatrix(ConstMatrix(wo, E, qw), Trans::yes);
+    s->out_proj = simd::PackedMatrix(ConstMatrix(wo, E, qw), Trans::yes, 1, element);
     state_ = std::move(s);
 }
 

@@ -448,12 +448,9 @@ void check_modifiers(const ScoreModifiers& m, std::size_t H, const char* owner) 
     if (m.window_left < -1) fail(o + ".window_left " + std::to_string(m.window_left) + " is below -1 (-1: unbounded)");
     if (m.window_right < -1) fail(o + ".window_right " + std::to_string(m.window_right) + " is below -1 (-1: unbounded)");
     if (!std::isfinite(m.softcap) || m.softcap < 0.0f)
-        fail(o + ".softcap " + std::to_string(m.softcap) + " is not a finite value > 0 (0: off)");
-    if (m.softcap > 0.0f && m.softcap < std::numeric_limits<float>::min()) {  // the kernels multiply by 1 / c
-        char c[32];
-        std::snprintf(c, sizeof c, "%g", static_cast<double>(m.softcap));
-        fail(o + ".softcap " + c + " is below the smallest normal float 1.17549e-38 (the kernels multiply by 1 / softcap)");
-    }
+        fail(o + ".softcap " + float_str(m.softcap) + " is not a finite value > 0 (0: off)");
+    if (m.softcap > 0.0f && m.softcap < std::numeric_limits<float>::min())  // the kernels multiply by 1 / c
+        fail(o + ".softcap " + float_str(m.softcap) + " is below the smallest normal float 1.17549e-38 (the kernels multiply by 1 / softcap)");
     auto check_heads_values = [&](const float* v, const char* name) {
         if (v == nullptr) return;
         checked_extent(name, v, H);
@@ -490,7 +487,7 @@ SdpaCall validate_sdpa_call(const SdpaInputs& in, const Heads& out, const SdpaOp
         if (overlaps(out.data, out_elements, v->data, heads_extent(name, *v))) fail(std::string("output overlaps ") + name);
     check_output_apart_from_masks(out.data, out_elements, in.key_padding_mask, in.attn_mask);
     c.scale = opt.scale ? *opt.scale : 1.0f / std::sqrt(static_cast<float>(c.d));
-    if (!std::isfinite(c.scale)) fail("scale " + std::to_string(c.scale) + " is not finite");
+    if (!std::isfinite(c.scale)) fail("scale " + float_str(c.scale) + " is not finite");
     if (workspace_overlaps(workspace,
                            {span(in.query.data, heads_extent("query", in.query)), span(in.key.data, heads_extent("key", in.key)),
                             span(in.value.data, heads_extent("value", in.value)), span(out.data, out_elements)},

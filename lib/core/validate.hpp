@@ -5,6 +5,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -22,6 +24,16 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
     std::string s("[");
     s.append(std::to_string(r)).append(", ").append(std::to_string(c)).append("]");
     return s;
+}
+
+// x in the fewest significant digits (6 to 9) that read back as x: "1.00000012", not std::to_string's "1.000000".
+inline std::string float_str(float x) {
+    char buf[32];
+    for (int digits = 6; digits <= 9; ++digits) {
+        std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(x));
+        if (!(std::strtof(buf, nullptr) != x) || x != x) break;
+    }
+    return buf;
 }
 
 // An enum value a caller cast from an integer: one of the enumerators, or fails naming it.

@@ -12,25 +12,33 @@
 namespace mha::simd {
 
 struct PackedMatrix::Impl {
-    struct Storage {  // owns floats floats from detail::allocate_aligned
-        float* p = nullptr;
-        std::size_t floats = 0;
+    struct Storage {  // owns `bytes` bytes from detail::allocate_aligned
+        void* p = nullptr;
+        std::size_t bytes = 0;
         Storage() = default;
-        void allocate(std::size_t n) {  // once, on an empty Storage
-            p = static_cast<float*>(detail::allocate_aligned(n * sizeof(float)));
-            floats = n;
+        void allocate(std::size_t n) {  // once, on an empty Storage; zero-filled (the panels' padding is zero)
+            p = detail::allocate_aligned(n);
+            bytes = n;
+            std::memset(p, 0, n);
         }
-        ~Storage() { detail::free_aligned(p, floats * sizeof(float)); }
+        ~Storage() { detail::free_aligned(p, bytes); }
         Storage(const Storage&) = delete;
         Storage& operator=(const Storage&) = delete;
-        float* get() const noexcept { return p; }
     };
     Storage data;
+    PanelElement element = PanelElement::f32;
+    const float* f32() const { return element == PanelElement::f32 ? static_cast<const float*>(data.p) : nullptr; }
+    const std::uint16_t* bf16() const {
+        return element == PanelElement::bf16 ? static_cast<const std::uint16_t*>(data.p) : nullptr;
+    }
+    float value(std::size_t i) const {  // element i of the panels, exactly
+        return element == PanelElement::f32 ? f32()[i] : bfloat16::from_bits(bf16()[i]).to_float();
+    }
     std::size_t k = 0, n = 0, kc = 0, nr = 0;
     std::vector<std::size_t> segment_n;       // columns of each segment
     std::vector<std::size_t> segment_panel0;  // first panel of each segment, then the total panel count
     Isa isa = Isa::sse2;
-    std::size_t pitch() const { return segment_panel0.back() * nr; }  // floats per row of a k-block
+    std::size_t pitch() const { return segment_panel0.back() * nr; }  // elements per row of a k-block
     // The segment and the column within it of column j.
     std::pair<std::size_t, std::size_t> locate(std::size_t j) const {
         std::size_t s = 0;
@@ -73,11 +81,13 @@ std::vector<ConstMatrix> equal_parts(ConstMatrix b, Trans tb, std::size_t segmen
 
 }  // namespace
 
-PackedMatrix::PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments) : PackedMatrix(equal_parts(b, tb, segments), tb) {}
+PackedMatrix::PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments, PanelElement element)
+    : PackedMatrix(equal_parts(b, tb, segments), tb, element) {}
 
-PackedMatrix::PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb) : impl_(std::make_unique<Impl>()) {
+PackedMatrix::PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb, PanelElement element) : impl_(std::make_unique<Impl>()) {
     Impl& p = *impl_;
     p.isa = active_isa();
+    p.element = element;
     const bool tr = tb == Trans::yes;
     p.k = tr ? parts.front().cols : parts.front().rows;
     p.kc = dispatch(p.isa, PackedKcKernel{});
@@ -89,9 +99,19 @@ PackedMatrix::PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb) : im
         p.segment_n.push_back(n);
         p.segment_panel0.push_back(p.segment_panel0.back() + (n + p.nr - 1) / p.nr);
     }
-    p.data.allocate(p.k * p.pitch());
-    std::memset(p.data.get(), 0, p.data.floats * sizeof(float));  // the padding columns of each panel are zero
-    for (std::size_t s = 0; s < parts.size(); ++s) dispatch(p.isa, PackBKernel{}, parts[s], tb, p.data.get(), this->segments(s, 1));
+    const std::size_t elements = p.k * p.pitch();
+    // f32: packed in place. bf16: packed as f32, then each value rounded to its bf16 bits (zeros stay zero).
+    Impl::Storage f32;
+    Impl::Storage& packed = element == PanelElement::f32 ? p.data : f32;
+    packed.allocate(elements * sizeof(float));
+    for (std::size_t s = 0; s < parts.size(); ++s)
+        dispatch(p.isa, PackBKernel{}, parts[s], tb, static_cast<float*>(packed.p), this->segments(s, 1));
+    if (element == PanelElement::bf16) {
+        p.data.allocate(elements * sizeof(std::uint16_t));
+        const float* src = static_cast<const float*>(f32.p);
+        auto* dst = static_cast<std::uint16_t*>(p.data.p);
+        for (std::size_t i = 0; i < elements; ++i) dst[i] = bfloat16::from_float(src[i]).bits;
+    }
 }
 PackedMatrix::~PackedMatrix() = default;
 PackedMatrix::PackedMatrix(PackedMatrix&&) noexcept = default;
@@ -99,7 +119,8 @@ PackedMatrix& PackedMatrix::operator=(PackedMatrix&&) noexcept = default;
 std::size_t PackedMatrix::k() const noexcept { return impl_ ? impl_->k : 0; }
 std::size_t PackedMatrix::n() const noexcept { return impl_ ? impl_->n : 0; }
 Isa PackedMatrix::isa() const noexcept { return impl_ ? impl_->isa : Isa::sse2; }
-std::size_t PackedMatrix::bytes() const noexcept { return impl_ ? impl_->data.floats * sizeof(float) : 0; }
+std::size_t PackedMatrix::bytes() const noexcept { return impl_ ? impl_->data.bytes : 0; }
+PanelElement PackedMatrix::element() const noexcept { return impl_ ? impl_->element : PanelElement::f32; }
 std::size_t PackedMatrix::segment_count() const noexcept { return impl_ ? impl_->segment_n.size() : 0; }
 bool PackedMatrix::segments_contiguous() const noexcept {
     if (!impl_) return false;
@@ -115,7 +136,7 @@ PackedMatrix::View PackedMatrix::segments(std::size_t first, std::size_t count) 
     const Impl& p = *impl_;
     std::size_t n = 0;
     for (std::size_t s = first; s < first + count; ++s) n += p.segment_n[s];
-    return {p.data.get(), p.k, n, p.kc, p.nr, p.pitch(), p.segment_panel0[first], p.isa};
+    return {p.f32(), p.bf16(), p.k, n, p.kc, p.nr, p.pitch(), p.segment_panel0[first], p.isa};
 }
 
 void PackedMatrix::unpack(Matrix dst, Trans tb) const noexcept {
@@ -129,9 +150,9 @@ void PackedMatrix::unpack(Matrix dst, Trans tb) const noexcept {
         for (std::size_t j = 0; j < p.n; ++j) {
             const auto [s, jj] = p.locate(j);
             const std::size_t q = p.segment_panel0[s] + jj / p.nr;
-            const float* panel = p.data.get() + pc * p.pitch() + q * kcb * p.nr + jj % p.nr;
+            const std::size_t panel = pc * p.pitch() + q * kcb * p.nr + jj % p.nr;
             for (std::size_t r = 0; r < kcb; ++r) {
-                const float v = panel[r * p.nr];
+                const float v = p.value(panel + r * p.nr);
                 if (tb == Trans::no)
                     dst(pc + r, j) = v;
                 else

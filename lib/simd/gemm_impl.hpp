@@ -2,12 +2,14 @@
 // the per-ISA TUs gemm_<isa>.cpp (generated, see dispatch.hpp), which instantiate the functors of gemm.hpp.
 //   C = alpha·op(A)·op(B) + beta·C (+ bias[j] when given), op(A) [M, K], op(B) [K, N], C [M, N].
 //   beta == 0: C is only written. K == 0: C = beta·C (+ bias). C must not overlap A or B.
+// B prepacked in bf16 (PackedMatrix::View::data16) runs the same loops on microkernels that widen B exactly.
 // Blocking and loop order: see gemm_blocking.hpp. Each C element is summed over k in the same order
 // (the same k-blocks, in order, one FMA per k) whatever the path (packed or in-place operands, which
 // row panel), so splitting M across threads gives bitwise the same rows.
 #pragma once
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "gemm.hpp"
@@ -26,27 +28,29 @@ template <class Arch>
 struct Gemm {
     using Blk = GemmBlocking<Arch>;
     static constexpr std::size_t MR = Blk::MR, NV = Blk::NV, NR = Blk::NR, W = Blk::W;
-    using Kernel = void (*)(std::size_t, const float*, std::size_t, const float*, std::size_t,
-                            const GemmTileOut&) noexcept;
+    template <class BT>  // BT: the B panels' element, float or uint16_t (bf16 bits, PanelElement::bf16)
+    using Kernel = void (*)(std::size_t, const float*, std::size_t, const BT*, std::size_t, const GemmTileOut&) noexcept;
     // Plain arrays (indexing them calls no std::array member, which the AVX2 and SSE2 TUs would share:
     // both have MR = 6 and NV = 2).
+    template <class BT>
     struct KernelRow {
-        Kernel k[MR];  // [rows - 1]
+        Kernel<BT> k[MR];  // [rows - 1]
     };
+    template <class BT>
     struct KernelTable {
-        KernelRow v[NV];  // [vectors - 1]
+        KernelRow<BT> v[NV];  // [vectors - 1]
     };
 
-    template <ALayout L, std::size_t V, std::size_t... I>
-    static constexpr KernelRow kernel_rows(std::index_sequence<I...>) {
-        return {{&gemm_microkernel<Arch, I + 1, V, L>...}};
+    template <class BT, ALayout L, std::size_t V, std::size_t... I>
+    static constexpr KernelRow<BT> kernel_rows(std::index_sequence<I...>) {
+        return {{&gemm_microkernel<Arch, I + 1, V, L, BT>...}};
     }
-    template <ALayout L, std::size_t... V>
-    static constexpr KernelTable kernel_table(std::index_sequence<V...>) {
-        return {{kernel_rows<L, V + 1>(std::make_index_sequence<MR>{})...}};
+    template <class BT, ALayout L, std::size_t... V>
+    static constexpr KernelTable<BT> kernel_table(std::index_sequence<V...>) {
+        return {{kernel_rows<BT, L, V + 1>(std::make_index_sequence<MR>{})...}};
     }
-    static constexpr KernelTable kernels_col = kernel_table<ALayout::col_panel>(std::make_index_sequence<NV>{});
-    static constexpr KernelTable kernels_row = kernel_table<ALayout::row_major>(std::make_index_sequence<NV>{});
+    template <class BT, ALayout L>
+    static constexpr KernelTable<BT> kernels = kernel_table<BT, L>(std::make_index_sequence<NV>{});
 
     // Row panels of C: ceil(m / MR) panels of balanced height (they differ by at most one row), so a
     // tail never runs a 1- or 2-row tile that leaves FMA ports idle.
@@ -59,18 +63,20 @@ struct Gemm {
 
     // The B operand of one k-block × NC block: panel jr at base + jr·panel_step, rows ldb apart. A partial
     // last panel (fewer than NR columns) is read from `edge` (packed, rows NR apart) when edge != nullptr.
+    template <class BT>
     struct BPanels {
-        const float* base;
+        const BT* base;
         std::size_t panel_step, ldb;
-        const float* edge;
+        const BT* edge;
     };
 
     // C[0, m) × [0, nc) (+)= A micro-panel · B block: one sweep over the B panels for one A micro-panel
     // (m <= MR rows), which stays in L1 meanwhile.
+    template <class BT>
     static void sweep(std::size_t m, std::size_t nc, std::size_t kc, const float* a, std::size_t lda, ALayout layout,
-                      const BPanels& b, float* c, std::size_t ldc, float alpha, float beta,
+                      const BPanels<BT>& b, float* c, std::size_t ldc, float alpha, float beta,
                       const float* bias) noexcept {
-        const KernelTable& table = layout == ALayout::col_panel ? kernels_col : kernels_row;
+        const KernelTable<BT>& table = layout == ALayout::col_panel ? kernels<BT, ALayout::col_panel> : kernels<BT, ALayout::row_major>;
         for (std::size_t j0 = 0, jr = 0; j0 < nc; j0 += NR, ++jr) {
             const std::size_t n = min_size(NR, nc - j0);
             const bool edge = n < NR && b.edge != nullptr;
@@ -135,35 +141,40 @@ struct Gemm {
                 const float beta_k = kb == 0 ? beta : 1.0f;  // later k-blocks accumulate onto C
                 const float* bias_k = kb + 1 == nkb && bias != nullptr ? bias + jc : nullptr;  // added once
 
-                BPanels bp{};
+                // The row panels of A against this B block (f32 or bf16 panels).
+                auto sweep_rows = [&](const auto& bp) {
+                    for (std::size_t r = 0; r < np; ++r) {
+                        const std::size_t i0 = panel_start(r, M, np), m = panel_start(r + 1, M, np) - i0;
+                        float* c0 = c.data + i0 * c.stride + jc;
+                        if (pack_a) {
+                            pack_a_panel<Arch, MR>(m, kc, a.data + pc * a.stride + i0, a.stride, a_buf);
+                            sweep(m, nc, kc, a_buf, MR, ALayout::col_panel, bp, c0, c.stride, alpha, beta_k, bias_k);
+                        } else {
+                            sweep(m, nc, kc, a.data + i0 * a.stride + pc, a.stride, ALayout::row_major, bp, c0, c.stride,
+                                  alpha, beta_k, bias_k);
+                        }
+                    }
+                };
                 if (b_packed != nullptr) {
-                    bp = {b_packed->data + pc * b_packed->pitch + (b_packed->panel0 * NR + jc) * kc, kc * NR, NR, nullptr};
+                    const std::size_t offset = pc * b_packed->pitch + (b_packed->panel0 * NR + jc) * kc;
+                    if (b_packed->data16 != nullptr)
+                        sweep_rows(BPanels<std::uint16_t>{b_packed->data16 + offset, kc * NR, NR, nullptr});
+                    else
+                        sweep_rows(BPanels<float>{b_packed->data + offset, kc * NR, NR, nullptr});
                 } else if (b_panels != nullptr) {  // panels span all of K: a k-block starts pc rows in
-                    bp = {b_panels->data + jc / NR * b_panels->panel_stride + pc * NR, b_panels->panel_stride, NR, nullptr};
+                    sweep_rows(BPanels<float>{b_panels->data + jc / NR * b_panels->panel_stride + pc * NR, b_panels->panel_stride, NR, nullptr});
                 } else if (in_place) {
                     const float* b0 = b.data + pc * b.stride + jc;
                     const std::size_t full = nc / NR * NR;
                     if (full < nc) pack_b_panel<Arch, NR>(nc - full, kc, b0 + full, b.stride, false, b_buf);
-                    bp = {b0, NR, b.stride, b_buf};
+                    sweep_rows(BPanels<float>{b0, NR, b.stride, b_buf});
                 } else {
                     const bool tr = tb == Trans::yes;
                     for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
                         const float* src = tr ? b.data + (jc + j0) * b.stride + pc : b.data + pc * b.stride + jc + j0;
                         pack_b_panel<Arch, NR>(min_size(NR, nc - j0), kc, src, b.stride, tr, b_buf + j0 * kc);
                     }
-                    bp = {b_buf, kc * NR, NR, nullptr};
-                }
-
-                for (std::size_t r = 0; r < np; ++r) {
-                    const std::size_t i0 = panel_start(r, M, np), m = panel_start(r + 1, M, np) - i0;
-                    float* c0 = c.data + i0 * c.stride + jc;
-                    if (pack_a) {
-                        pack_a_panel<Arch, MR>(m, kc, a.data + pc * a.stride + i0, a.stride, a_buf);
-                        sweep(m, nc, kc, a_buf, MR, ALayout::col_panel, bp, c0, c.stride, alpha, beta_k, bias_k);
-                    } else {
-                        sweep(m, nc, kc, a.data + i0 * a.stride + pc, a.stride, ALayout::row_major, bp, c0, c.stride,
-                              alpha, beta_k, bias_k);
-                    }
+                    sweep_rows(BPanels<float>{b_buf, kc * NR, NR, nullptr});
                 }
             }
         }

@@ -1,20 +1,25 @@
 // GEMM microkernel: one register tile C[M×n] = alpha·A·B + beta·C (+ bias[j]) for a k-range of kc.
 //   A: M rows × kc, element (i, p) at a[i + p·lda] (ALayout::col_panel: a packed A panel with lda = MR,
 //      or a transposed A read in place) or at a[i·lda + p] (ALayout::row_major: A read in place).
-//   B: kc rows of NV·W floats, row p at b + p·ldb (a packed panel with ldb = NR, or B read in place).
-//      All NV·W floats of every row must be readable; columns >= n are computed and dropped.
+//   B: kc rows of NV·W floats, row p at b + p·ldb (a packed panel with ldb = NR, or B read in place); or
+//      with BT = uint16_t, of bf16 bits widened exactly (load_b). All NV·W elements of every row must be
+//      readable; columns >= n are computed and dropped.
 //   C: M rows × n columns (n <= NV·W) at c with row stride ldc. beta == 0: C is not read.
 //   bias: nullptr or n floats added to every row.
 // The accumulators stay in registers; M and NV are template parameters so that every tail size is
 // the same code with a smaller tile (no padding FMAs on the row tail).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
 
 #include "dispatch.hpp"
+#if MHA_SIMD_X86
+#include <immintrin.h>  // load_b's widening, named in every x86 TU (each instantiates its own Arch's branch)
+#endif
 #if MHA_SIMD_ARM
 #include <arm_neon.h>
 #endif
@@ -64,17 +69,63 @@ inline MHA_GEMM_INLINE xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch>
         return x * y + z;
 }
 
+// x·y + z as fmadd<Arch> computes it: fused where the ISA has FMA, else a product and a sum.
+template <class Arch>
+inline MHA_GEMM_INLINE float fmadd_scalar(float x, float y, float z) {
+    if constexpr (std::is_same_v<Arch, arch_sse2>)
+        return x * y + z;  // no FMA in that TU, so nothing to contract
+    else
+        return __builtin_fmaf(x, y, z);
+}
+
 // c[j] = alpha·r[j] + beta·c[j] (beta·c only when read_c) + bias[j] for j < n: a partial vector's
 // columns, kept out of line so that the rarely used tail does not bloat the unrolled tiles. A template
 // on Arch like everything here, so each ISA TU has its own copy (no weak symbol shared across ISAs).
+// The operations of store_vector, spelled out, so that -ffp-contract cannot fuse them differently.
 template <class Arch>
 __attribute__((noinline)) void store_tail(const float* r, float* c, std::size_t n, float alpha, float beta,
                                                  bool read_c, const float* bias) noexcept {
     for (std::size_t j = 0; j < n; ++j) {
-        float v = alpha * r[j];
-        if (read_c) v += beta * c[j];
-        if (bias != nullptr) v += bias[j];
+        float v;
+        if (read_c) {
+            v = fmadd_scalar<Arch>(beta, c[j], alpha * r[j]);
+            if (bias != nullptr) v += bias[j];
+        } else {
+            v = bias != nullptr ? fmadd_scalar<Arch>(alpha, r[j], bias[j]) : alpha * r[j];
+        }
         c[j] = v;
+    }
+}
+
+// W floats of a B row: loaded (f32 panels), or widened from bf16 bits (PanelElement::bf16): a bf16 value is the
+// high half of its float, so a zero-extend and a shift give it exactly.
+template <class Arch>
+inline MHA_GEMM_INLINE xsimd::batch<float, Arch> load_b(const float* b) {
+    return xsimd::batch<float, Arch>::load_unaligned(b);
+}
+template <class Arch>
+inline MHA_GEMM_INLINE xsimd::batch<float, Arch> load_b(const std::uint16_t* b) {
+    using batch = xsimd::batch<float, Arch>;
+    if constexpr (false) {
+#if MHA_SIMD_X86
+    } else if constexpr (std::is_same_v<Arch, arch_avx512>) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
+    } else if constexpr (std::is_same_v<Arch, arch_avx2>) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))), 16));
+    } else if constexpr (std::is_same_v<Arch, arch_sse2>) {  // no zero-extend before SSE4.1: interleave with zeros
+        return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+#endif
+#if MHA_SIMD_ARM
+    } else if constexpr (std::is_same_v<Arch, arch_neon>) {
+        return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(b), 16));
+#endif
+    } else {
+        alignas(64) float w[batch::size];
+        for (std::size_t i = 0; i < batch::size; ++i) {  // no inline function of baseline code in an ISA TU
+            const std::uint32_t u = std::uint32_t{b[i]} << 16;
+            __builtin_memcpy(&w[i], &u, sizeof(u));
+        }
+        return batch::load_aligned(w);
     }
 }
 
@@ -87,9 +138,15 @@ inline MHA_GEMM_INLINE void store_vector(xsimd::batch<float, Arch> acc, float* c
     constexpr std::size_t W = batch::size;
     if (j0 >= n) return;
     if (j0 + W <= n) {
-        batch r = acc * batch(alpha);
-        if constexpr (ReadC) r = fmadd<Arch>(batch(beta), batch::load_unaligned(c + j0), r);
-        if (bias != nullptr) r += batch::load_unaligned(bias + j0);
+        // Every product and sum explicit (-ffp-contract would fuse alpha·acc + bias in some tiles and not in
+        // others, and row blocks of one GEMM would then differ in the last bit).
+        batch r;
+        if constexpr (ReadC) {
+            r = fmadd<Arch>(batch(beta), batch::load_unaligned(c + j0), acc * batch(alpha));
+            if (bias != nullptr) r += batch::load_unaligned(bias + j0);
+        } else {
+            r = bias != nullptr ? fmadd<Arch>(acc, batch(alpha), batch::load_unaligned(bias + j0)) : acc * batch(alpha);
+        }
         r.store_unaligned(c + j0);
     } else {
         alignas(64) float tmp[W];
@@ -100,8 +157,8 @@ inline MHA_GEMM_INLINE void store_vector(xsimd::batch<float, Arch> acc, float* c
 
 }  // namespace gemm_detail
 
-template <class Arch, std::size_t M, std::size_t NV, ALayout L>
-void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+template <class Arch, std::size_t M, std::size_t NV, ALayout L, class BT = float>
+void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT* b, std::size_t ldb,
                       const GemmTileOut& out) noexcept {
     using batch = xsimd::batch<float, Arch>;
     constexpr std::size_t W = batch::size;
@@ -122,7 +179,7 @@ void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const flo
     // row_major A: M row pointers advance by one float per k; col_panel A: one pointer advances by lda.
     for (std::size_t p = 0; p < kc; ++p) {
         batch bv[NV];
-        unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = batch::load_unaligned(b + v * W); });
+        unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = gemm_detail::load_b<Arch>(b + v * W); });
 #if MHA_SIMD_ARM
         if constexpr (std::is_same_v<Arch, arch_neon> && L == ALayout::col_panel && M % 4 == 0) {
             // A's M floats as M/4 vectors, each used by lane (fmla by element): M/4 loads instead of M

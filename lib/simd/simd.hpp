@@ -3,6 +3,7 @@
 // the public API validates first. Single-threaded; callers may run them on many threads at once.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -64,11 +65,16 @@ void layernorm_row(float* y, const float* x, const float* residual, std::size_t 
 // panels, so one block is a valid B operand on its own (nn.MultiheadAttention's in_proj [3E, E] holds
 // Wq, Wk, Wv: one packed copy serves the fused Q/K/V GEMM and the three separate ones). From parts, each
 // part is one segment of its own width (Wq [H·d, E], Wk and Wv [Hkv·d, E]); all parts share K.
+// PanelElement::bf16 stores each value rounded to bfloat16 (nearest even), the same panels at half the bytes:
+// the microkernel widens them exactly in registers, so a GEMM gives the bits of f32 panels holding the rounded
+// values (bf16 compute without AVX512_BF16: the projections stream half the weight bytes).
+enum class PanelElement { f32, bf16 };
 class PackedMatrix {
 public:
     PackedMatrix();
-    PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments = 1);  // allocates (may throw std::bad_alloc)
-    PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb);    // parts non-empty
+    // Both allocate (may throw std::bad_alloc).
+    PackedMatrix(ConstMatrix b, Trans tb, std::size_t segments = 1, PanelElement element = PanelElement::f32);
+    PackedMatrix(const std::vector<ConstMatrix>& parts, Trans tb, PanelElement element = PanelElement::f32);  // parts non-empty
     ~PackedMatrix();
     PackedMatrix(PackedMatrix&&) noexcept;
     PackedMatrix& operator=(PackedMatrix&&) noexcept;
@@ -76,12 +82,15 @@ public:
     std::size_t n() const noexcept;
     Isa isa() const noexcept;
     std::size_t bytes() const noexcept;  // the packed data, padding included
+    PanelElement element() const noexcept;
     // Columns of segments [first, first + count) as a B operand. More than one segment only when they
     // are contiguous (segments_contiguous(): the segment width is a multiple of the panel width).
     // A block of whole panels: op(B) columns [panel0·nr, panel0·nr + n) of every k-block. k-block b
     // starts at data + pc_b·pitch (pc_b its first row); panel p of it at + p·kcb·nr.
+    // The panels are at data (f32) or at data16 (bf16 bits), the other null; offsets count elements.
     struct View {
         const float* data = nullptr;
+        const std::uint16_t* data16 = nullptr;
         std::size_t k = 0, n = 0, kc = 0, nr = 0, pitch = 0, panel0 = 0;
         Isa isa = Isa::sse2;
     };

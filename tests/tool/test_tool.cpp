@@ -741,6 +741,16 @@ TEST_F(BenchTest, Errors) {
     expect_failure({"bench", "--op", "gemm", "--kv-heads", "2"}, "--kv-heads does not apply to --op gemm");
     expect_failure({"bench", "--op", "softmax", "--head-dim", "2"}, "--head-dim does not apply to --op softmax");
     expect_failure({"bench", "--op", "sdpa", "--embed", "8"}, "--embed does not apply to --op sdpa");
+    // Counts that may be 0 are still not negative (size_t parsing would wrap -1 to 2^64 - 1).
+    for (const char* flag : {"--decode-seqs", "--prefill-seqs", "--prefill-past"})
+        expect_failure_with({"bench", "--op", "step", flag, "-1"}, {flag, "must be an integer >= 0, got '-1'"});
+    // The attention core alone has no compute type and no rotary embedding: refused, not mislabelled.
+    expect_failure({"bench", "--op", "step", "--embed", "16", "--heads", "2", "--kv-seq", "8", "--decode-seqs", "1", "--core-only",
+                    "--dtype", "bf16"},
+                   "--dtype bf16 does not apply with --core-only");
+    expect_failure({"bench", "--op", "step", "--embed", "16", "--heads", "2", "--kv-seq", "8", "--decode-seqs", "1", "--core-only",
+                    "--rope-theta", "10000"},
+                   "--rope-theta does not apply with --core-only");
     expect_failure({"bench", "--op", "sdpa", "--rope-theta", "10000"}, "--rope-theta does not apply to --op sdpa");
     expect_failure({"bench", "--op", "sdpa", "--kdim", "8"}, "--kdim does not apply to --op sdpa");
     expect_failure({"bench", "--op", "attention", "--embed", "10", "--heads", "3", "--seq", "4", "--kv-heads", "2",

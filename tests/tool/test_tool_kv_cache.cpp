@@ -460,6 +460,14 @@ TEST_F(KvCacheErrors, KvTypeNeedsTheCachePathAndAKnownType) {
     expect_failure_with(args({"--kv-type", "int8", "--k-scale", "2"}), {"--k-scale / --v-scale apply only to an fp8 KV cache", "int8"});
     const Result one = mha(args({"--kv-type", "int8", "--k-scale", "1", "--v-scale", "1"}));
     EXPECT_EQ(one.exit_code, 0) << one.err;
+    // Scales are 32-bit floats: the largest finite one parses, one that rounds to 0 or to inf does not; a scale
+    // whose fp8 read-back overflows is the library's refusal.
+    fs::remove(dir_ / "output.npy");  // written by the run above; a refused run writes none
+    expect_failure_with(args({"--kv-type", "fp8_e4m3", "--k-scale", "1e-46"}), {"--k-scale", "finite as a 32-bit float", "1e-46"});
+    expect_failure_with(args({"--kv-type", "fp8_e4m3", "--v-scale", "1e39"}), {"--v-scale", "finite as a 32-bit float", "1e39"});
+    expect_failure_with(args({"--kv-type", "fp8_e4m3", "--k-scale", "3.4028235e38"}), {"k_scale is 3.4028235e+38", "overflows float"});
+    const Result e5m2 = mha(args({"--kv-type", "fp8_e5m2", "--k-scale", "1e30", "--v-scale", "1e-30"}));
+    EXPECT_EQ(e5m2.exit_code, 0) << e5m2.err;
 }
 
 TEST_F(KvCacheErrors, PastKvHeadsDisagreeWithKvHeads) {
