@@ -715,6 +715,12 @@ TEST(PagedKVCache, ConstructionAndAppendChecks) {
     EXPECT_THROW(mha::PagedKVCache(8, 24, 2, 16), mha::invalid_argument);
     EXPECT_THROW(mha::PagedKVCache(0, 16, 2, 16), mha::invalid_argument);
     EXPECT_THROW(mha::PagedKVCache(8, 16, 0, 16), mha::invalid_argument);
+    // Sizes whose row or pool bytes wrap size_t (a row of 2^62 floats is 0 bytes modulo 2^64).
+    for (mha::DataType t : {mha::DataType::f32, mha::DataType::int8}) {
+        EXPECT_THROW(mha::PagedKVCache(1, 16, 1, std::size_t{1} << 62, t), mha::invalid_argument);
+        EXPECT_THROW(mha::PagedKVCache(1, 16, 1, SIZE_MAX - 3, t), mha::invalid_argument);
+        EXPECT_THROW(mha::PagedKVCache(std::size_t{1} << 31, 256, std::size_t{1} << 20, 128, t), mha::invalid_argument);
+    }
     mha::PagedKVCache c(8, 32, 2, 4, mha::DataType::bf16);
     const std::size_t s = c.add_sequence();
     const std::vector<float> k = uniform(2 * 40 * 4, 3.0f, 11), v = uniform(2 * 40 * 4, 3.0f, 12);

@@ -393,6 +393,27 @@ TEST_P(SimdGemm, Bf16PanelsGiveTheBitsOfRoundedF32Panels) {
                         ASSERT_EQ(std::memcmp(back.data(), want.data(), back.size() * sizeof(float)), 0) << "unpack";
                     }
     EXPECT_GT(cases, 200u);
+    // Segments from parts (the layer's Wq, Wk, Wv) and a column block of a segment: the views of f32 panels.
+    const std::size_t k = tile.kc + 3, m = tile.mr + 1;
+    const Stored x(m, k, 1, gen), wq(2 * tile.nr + 3, k, 1, gen), wk(tile.nr + 5, k, 1, gen);
+    Stored rq = wq, rk = wk;
+    for (std::size_t i = 0; i < wq.rows; ++i) mha::simd::round_to_bf16_inplace(&rq.at(i, 0), wq.cols);
+    for (std::size_t i = 0; i < wk.rows; ++i) mha::simd::round_to_bf16_inplace(&rk.at(i, 0), wk.cols);
+    const PackedMatrix s32({rq.view(), rk.view()}, Trans::yes), s16({wq.view(), wk.view()}, Trans::yes, PanelElement::bf16);
+    for (std::size_t first = 0; first < 2; ++first) {
+        const PackedMatrix::View v32 = s32.segments(first, 2 - first), v16 = s16.segments(first, 2 - first);
+        ASSERT_NE(v16.data16, nullptr);
+        ASSERT_EQ(v16.data, nullptr);
+        Stored c32(m, v32.n, 2, gen), c16 = c32;
+        mha::simd::gemm_packed(1.0f, x.view(), Trans::no, v32, 0.0f, nullptr, c32.mview());
+        mha::simd::gemm_packed(1.0f, x.view(), Trans::no, v16, 0.0f, nullptr, c16.mview());
+        EXPECT_TRUE(same_bits(c32.buf, c16.buf)) << "segments from " << first;
+        const std::size_t c0 = tile.nr, nc = v32.n - tile.nr;  // the columns past the first panel
+        Stored b32(m, nc, 2, gen), b16 = b32;
+        mha::simd::gemm_packed(1.0f, x.view(), Trans::no, PackedMatrix::columns(v32, c0, nc), 0.0f, nullptr, b32.mview());
+        mha::simd::gemm_packed(1.0f, x.view(), Trans::no, PackedMatrix::columns(v16, c0, nc), 0.0f, nullptr, b16.mview());
+        EXPECT_TRUE(same_bits(b32.buf, b16.buf)) << "columns of segments from " << first;
+    }
 }
 
 // A B operand packed once into panels (fused attention's K_hᵀ and V_h): gemm_panels gives bitwise what

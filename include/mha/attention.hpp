@@ -121,7 +121,8 @@ struct AttentionConfig {
     // output projection) are rounded to bfloat16 (nearest even) and multiplied with fp32 accumulation;
     // biases, softmax, its running state, RoPE and layernorm stay fp32. With AVX512_BF16 (Isa::avx512_bf16)
     // the products run on vdpbf16ps; otherwise the rounded values go through the fp32 kernels (same
-    // roundings, not faster). The scalar backend rounds at the same points and accumulates in double.
+    // roundings; the weights are held and read as bf16 either way, half the bytes of fp32). The scalar
+    // backend rounds at the same points and accumulates in double.
     // f16 is not a compute type (it is a KV cache element type).
     DataType compute = DataType::f32;
     // The post-norm block of a BERT layer (seed 000), with the weights' norm_weight / norm_bias: when set,

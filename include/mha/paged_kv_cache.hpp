@@ -92,7 +92,7 @@ class PagedKVCache {
 public:
     // Allocates the pool (std::bad_alloc may propagate). mha::invalid_argument for a zero dimension, a block
     // size other than 16, 32, 64, 128 or 256, an element type that is not a KVCache type, or scales that are not
-    // as KVCache's (fp8: positive and finite; the others: 1).
+    // as KVCache's (fp8: positive, at most FLT_MAX / 448 for e4m3 and FLT_MAX / 57344 for e5m2; the others: 1).
     PagedKVCache(std::size_t num_blocks, std::size_t block_size, std::size_t kv_heads, std::size_t head_dim,
                  DataType element = DataType::f32, float k_scale = 1.0f, float v_scale = 1.0f);
     ~PagedKVCache();

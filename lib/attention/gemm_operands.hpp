@@ -2,7 +2,8 @@
 // what the CPU has), then consulted by every step instead of testing the compute type itself:
 //   f32:          fp32 operands, the fp32 kernels.
 //   bf16_rounded: operands rounded to bfloat16 (nearest even) at the documented points, the fp32 kernels
-//                 (a CPU without AVX512_BF16, or an ISA cap below it: same roundings, not faster).
+//                 (a CPU without AVX512_BF16, or an ISA cap below it: same roundings; the weights' panels
+//                 hold bf16, widened exactly by the microkernel).
 //   bf16_kernels: the same roundings, the products on vdpbf16ps (operands packed as bf16 panels).
 #pragma once
 #include "mha/half.hpp"

@@ -12,8 +12,9 @@ namespace mha::detail {
 // The rows KVCache::append and PagedKVCache::append take: k and v [1, kv_heads, n, d], the same n
 // (mha::invalid_argument naming the argument otherwise).
 void check_appended_rows(const ConstHeads& k, const ConstHeads& v, std::size_t kv_heads, std::size_t head_dim);
-// fp8 caches: k_scale and v_scale positive and finite; the other types: both 1 (mha::invalid_argument naming
-// `what` and the scale otherwise).
+// fp8 caches: k_scale and v_scale positive and at most FLT_MAX / the format's largest value (so that every
+// read-back value is finite); the other types: both 1 (mha::invalid_argument naming `what` and the scale
+// otherwise).
 void check_kv_scales(const char* what, DataType element, float k_scale, float v_scale);
 
 struct KVCacheAccess {

@@ -11,7 +11,6 @@
 
 #include "../core/validate.hpp"
 #include "../reference/reference.hpp"
-#include "../simd/round_bf16.hpp"
 #include "mha/attention.hpp"
 #include "mha/kv_cache.hpp"
 #include "mha/paged_kv_cache.hpp"
@@ -118,25 +117,15 @@ MultiheadAttention::MultiheadAttention(const AttentionWeights& w, const Attentio
     const float* wv = packed ? w.in_proj_weight + (qw + kvw) * E : w.v_proj_weight;
     const float* wo = w.out_proj_weight;
     s->qkv_packed = kdim == E && vdim == E;
-    std::vector<float> rounded[4];
-    if (cfg.compute == DataType::bf16) {
-        const float* src[4] = {wq, wk, wv, wo};
-        const std::size_t size[4] = {qw * E, kvw * kdim, kvw * vdim, E * qw};
-        for (int i = 0; i < 4; ++i) {
-            rounded[i].assign(src[i], src[i] + size[i]);
-            simd::round_to_bf16_inplace(rounded[i].data(), size[i]);
+    if (cfg.compute == DataType::bf16 && simd::bf16_kernels_available()) {  // both packings round as they pack
+        if (s->qkv_packed) {
+            s->in_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
+        } else {
+            s->q_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E)}, Trans::yes);
+            s->k_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wk, kvw, kdim)}, Trans::yes);
+            s->v_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wv, kvw, vdim)}, Trans::yes);
         }
-        if (simd::bf16_kernels_available()) {
-            if (s->qkv_packed) {
-                s->in_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E), ConstMatrix(wk, kvw, E), ConstMatrix(wv, kvw, E)}, Trans::yes);
-            } else {
-                s->q_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wq, qw, E)}, Trans::yes);
-                s->k_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wk, kvw, kdim)}, Trans::yes);
-                s->v_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wv, kvw, vdim)}, Trans::yes);
-            }
-            s->out_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wo, E, qw)}, Trans::yes);
-        }
-        wq = rounded[0].data(), wk = rounded[1].data(), wv = rounded[2].data(), wo = rounded[3].data();
+        s->out_proj16 = simd::Bf16PackedMatrix({ConstMatrix(wo, E, qw)}, Trans::yes);
     }
     // bf16 compute: the rounded weights in bf16 panels that the fp32 GEMM widens exactly (the bits of fp32
     // panels, half the bytes streamed and held).

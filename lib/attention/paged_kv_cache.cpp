@@ -59,8 +59,11 @@ std::size_t check_pool_layout(const std::string& what, DataType element, float k
              ", head_dim " + str(head_dim));
     if (!valid_block_size(block_size)) fail(what + " block_size " + str(block_size) + " is not 16, 32, 64, 128 or 256");
     if (num_blocks > UINT32_MAX) fail(what + " num_blocks " + str(num_blocks) + " exceeds 2^32 - 1 (block tables are 32-bit)");
+    if (head_dim > SIZE_MAX / 8) fail(what + " head_dim " + str(head_dim) + " overflows the address space");
+    const ElementFormat& format = element_format(element);
+    const std::size_t row = checked_madd(format.row_elements(head_dim), format.bytes, 0, what.c_str(), "row bytes");
     const std::size_t rows = checked_madd(kv_heads, block_size, 0, what.c_str(), "rows per block (kv_heads · block_size)");
-    const std::size_t block = checked_madd(rows, element_format(element).row_bytes(head_dim), 0, what.c_str(), "block bytes");
+    const std::size_t block = checked_madd(rows, row, 0, what.c_str(), "block bytes");
     const std::size_t bytes = checked_madd(num_blocks, block, 0, what.c_str(), "bytes (num_blocks · kv_heads · block_size · row)");
     checked_extent(what.c_str(), static_cast<const unsigned char*>(nullptr), checked_madd(bytes, 2, 0, what.c_str(), "bytes"));
     return bytes;

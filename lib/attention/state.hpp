@@ -42,8 +42,9 @@ struct LayerState {
     simd::PackedMatrix in_proj;        // qkv_packed
     simd::PackedMatrix q_proj, k_proj, v_proj;  // !qkv_packed
     simd::PackedMatrix out_proj;
-    // bf16 compute on a CPU with AVX512_BF16 (at construction): the same weights in bf16 panels, laid out as
-    // the fp32 copies above (which then hold the rounded weights). Empty otherwise.
+    // (bf16 compute: the weights rounded to bf16, in the fp32 kernels' panels, PanelElement::bf16.)
+    // bf16 compute on a CPU with AVX512_BF16 or FEAT_BF16 (at construction): the same weights in the bf16
+    // kernels' panels (k-pairs, gemm_bf16.hpp). Empty otherwise.
     simd::Bf16PackedMatrix in_proj16, q_proj16, k_proj16, v_proj16, out_proj16;
     bool has_bf16_weights() const noexcept { return !out_proj16.empty(); }
     simd::Bf16Panels projection16(std::size_t part) const noexcept {

@@ -26,7 +26,7 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
     return s;
 }
 
-// x in the fewest significant digits (6 to 9) that read back as x: "1.00000012", not std::to_string's "1.000000".
+// x in the fewest significant digits (6 to 9) that read back as x: "1.0000001", not std::to_string's "1.000000".
 inline std::string float_str(float x) {
     char buf[32];
     for (int digits = 6; digits <= 9; ++digits) {

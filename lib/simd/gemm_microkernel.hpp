@@ -69,13 +69,21 @@ inline MHA_GEMM_INLINE xsimd::batch<float, Arch> fmadd(xsimd::batch<float, Arch>
         return x * y + z;
 }
 
-// x·y + z as fmadd<Arch> computes it: fused where the ISA has FMA, else a product and a sum.
+// x·y + z as fmadd<Arch> computes it: fused on the same Archs, else a product and a sum in two statements
+// (one expression may be contracted under clang's default -ffp-contract=on when the flags allow FMA).
 template <class Arch>
 inline MHA_GEMM_INLINE float fmadd_scalar(float x, float y, float z) {
-    if constexpr (std::is_same_v<Arch, arch_sse2>)
-        return x * y + z;  // no FMA in that TU, so nothing to contract
-    else
+#if MHA_SIMD_ARM
+    constexpr bool fused_on_arm = std::is_same_v<Arch, arch_neon>;
+#else
+    constexpr bool fused_on_arm = false;
+#endif
+    if constexpr (std::is_same_v<Arch, arch_avx512> || std::is_same_v<Arch, arch_avx2> || fused_on_arm) {
         return __builtin_fmaf(x, y, z);
+    } else {
+        const float p = x * y;
+        return p + z;
+    }
 }
 
 // c[j] = alpha·r[j] + beta·c[j] (beta·c only when read_c) + bias[j] for j < n: a partial vector's
