@@ -4,9 +4,12 @@
 // the KV cache overload; and reject a bad type, overlapping output and wrong shapes without writing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <mha/mha.hpp>
@@ -148,6 +151,46 @@ TEST(HalfForward, RejectsBadInputsWithoutWriting) {
     mha::HalfAttentionOutputs wrong = out;
     wrong.output = mha::BatchView<std::uint16_t>(y.data(), 2, 2, 48);
     expect_error(in, wrong, "output is [2, 2, 48]");
+    // The fp32 forward behind this one sees only widened copies: the caller's 16-bit buffers are checked here.
+    std::vector<float> weights(2 * 3 * 3, 7.0f);
+    mha::ForwardOptions with_weights;
+    with_weights.need_weights = mha::NeedWeights::averaged;
+    for (std::uint16_t* inside : {y.data(), x.data() + 10}) {
+        mha::HalfAttentionOutputs w = out;
+        w.attn_weights = reinterpret_cast<float*>(inside);
+        const std::vector<std::uint16_t> x0 = x;
+        try {
+            attn.forward(in, w, with_weights);
+            ADD_FAILURE() << "attn_weights inside a 16-bit buffer: no error";
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("attn_weights [18 floats] overlaps output, query, key or value"), std::string::npos)
+                << e.what();
+        }
+        for (std::uint16_t v : y) ASSERT_EQ(v, 0x1234);
+        ASSERT_EQ(x, x0);
+    }
+    mha::HalfAttentionOutputs w = out;
+    w.attn_weights = weights.data();
+    attn.forward(in, w, with_weights);  // apart: runs
+    EXPECT_NE(weights[0], 7.0f);
+    // With a bf16 cache, an output (or query) inside the cache's storage is refused before anything is appended.
+    mha::KVCache cache(2, attn.num_kv_heads(), attn.head_dim(), 8, DataType::bf16);
+    auto* storage = const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(cache.key_storage()));
+    const std::vector<std::uint16_t> stored(storage, storage + cache.bytes() / 2);
+    mha::HalfAttentionOutputs into = out;
+    into.output = mha::BatchView<std::uint16_t>(storage + 4, 2, 3, 48);
+    mha::HalfAttentionInputs from = in;
+    from.query = mha::BatchView<const std::uint16_t>(storage + 4, 2, 3, 48);
+    for (const auto& [i, o, text] : {std::tuple{in, into, "output overlaps the KV cache"}, std::tuple{from, out, "query overlaps the KV cache"}}) {
+        try {
+            attn.forward(i, o, mha::ForwardOptions{}, cache);
+            ADD_FAILURE() << "no error; expected " << text;
+        } catch (const mha::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(cache.lengths()[0], 0u);
+        ASSERT_TRUE(std::equal(stored.begin(), stored.end(), storage));
+    }
 }
 
 }  // namespace

@@ -580,6 +580,27 @@ TEST(PagedKVCache, ExhaustionAndBadStepsChangeNothing) {
         EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
         unchanged();
     }
+    {  // y or x inside the pool, which pool() hands out writable (y there would overwrite cached rows)
+        const std::vector<float> x = uniform(2 * E, 1.0f, 8);
+        std::vector<float> y(2 * E, 7.0f);
+        const std::vector<std::size_t> ids = {a, b}, q = {1, 1};
+        float* inside = static_cast<float*>(c.pool().keys) + 8;
+        for (const bool into_y : {true, false}) {
+            try {
+                if (into_y)
+                    m.forward_step(mha::ConstMatrix(x.data(), 2, E), mha::Matrix(inside, 2, E), c, ids.data(), q.data(), 2);
+                else
+                    m.forward_step(mha::ConstMatrix(inside, 2, E), mha::Matrix(y.data(), 2, E), c, ids.data(), q.data(), 2);
+                ADD_FAILURE() << (into_y ? "y" : "x") << " inside the pool accepted";
+            } catch (const mha::invalid_argument& e) {
+                EXPECT_NE(std::string(e.what()).find(into_y ? "y overlaps the paged KV cache's pool" : "x overlaps the paged KV cache's pool"),
+                          std::string::npos)
+                    << e.what();
+            }
+            EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; })) << "output written";
+            unchanged();
+        }
+    }
     // The same step fits once blocks are freed.
     c.free_sequence(b);
     const std::vector<float> x = uniform(40 * E, 1.0f, 9);
@@ -838,6 +859,10 @@ TEST(PagedKVCache, CallerPoolWithItsOwnBlockTables) {
     });
     refused("a slot of -2", "slot -2 is outside the pool", [&] {
         mha::paged_write_kv(pool, mha::ConstMatrix(kx.data(), 2, Hkv * d), mha::ConstMatrix(vx.data(), 2, Hkv * d), below.data());
+    });
+    refused("slots inside the pool", "slots overlap the pool", [&] {  // they would change as the rows are written
+        mha::paged_write_kv(pool, mha::ConstMatrix(kx.data(), 2, Hkv * d), mha::ConstMatrix(vx.data(), 2, Hkv * d),
+                            reinterpret_cast<const std::int64_t*>(values.data() + 64));
     });
 
     // Slot -1 (vLLM's padding token) is skipped: only the other rows are written.

@@ -107,21 +107,35 @@ fs::path output_path(const fs::path& dir, const std::string& out) {
 }
 
 void write_outputs(const std::vector<OutputFile>& files) {
+    // A target that exists but is not a regular file (a folder, say) would fail its rename after earlier renames
+    // had replaced their files: refused before anything is written.
+    for (const OutputFile& f : files) {
+        std::error_code ec;
+        const fs::file_status st = fs::status(f.path, ec);
+        if (fs::exists(st) && !fs::is_regular_file(st))
+            fail("cannot write " + f.path.string() + ": it exists and is not a regular file");
+    }
     const std::string suffix = ".tmp" + std::to_string(::getpid());
-    std::vector<fs::path> written;
+    std::vector<fs::path> temps;
+    std::error_code ignored;
     try {
         for (const OutputFile& f : files) {
-            written.push_back(f.path.string() + suffix);
-            npy::save(written.back().string(), f.data->data(), f.shape);
-        }
-        for (std::size_t i = 0; i < files.size(); ++i) {
-            fs::rename(written[i], files[i].path);
-            written[i] = files[i].path;
+            temps.push_back(f.path.string() + suffix);
+            npy::save(temps.back().string(), f.data->data(), f.shape);
         }
     } catch (...) {
-        std::error_code ignored;
-        for (const fs::path& p : written) fs::remove(p, ignored);
+        for (const fs::path& p : temps) fs::remove(p, ignored);
         throw;
+    }
+    // Each rename replaces its target whole. Should one still fail, the files renamed before it stay (they are
+    // the new outputs; removing them would lose the old ones too) and the other temporaries go.
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        try {
+            fs::rename(temps[i], files[i].path);
+        } catch (...) {
+            for (std::size_t j = i; j < temps.size(); ++j) fs::remove(temps[j], ignored);
+            throw;
+        }
     }
 }
 

@@ -34,9 +34,40 @@ struct Widened {
     AttentionOutputs out;
 };
 
+// The caller's own buffers against each other, as the fp32 forward checks them (it sees only the widened copies):
+// attn_weights (weight_heads per batch: H, 1, or 0 without need_weights) apart from the 16-bit views, and with a
+// cache, the query and output apart from its storage.
+void check_half_buffers(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, std::size_t weight_heads,
+                        const KVCache* cache) {
+    auto bytes = [](const BatchView<const std::uint16_t>& v) {
+        return v.data == nullptr || v.batch == 0 || v.rows == 0 || v.cols == 0 ? std::size_t{0} : detail::batch_elements(v) * 2;
+    };
+    auto apart = [&](const void* p, std::size_t n, const BatchView<const std::uint16_t>& v) {
+        return n == 0 || bytes(v) == 0 ||
+               !detail::overlaps(static_cast<const unsigned char*>(p), n, reinterpret_cast<const unsigned char*>(v.data), bytes(v));
+    };
+    const BatchView<const std::uint16_t> output = out.output;
+    const std::size_t B = in.query.batch, Lq = in.query.rows, Lk = in.key.rows;
+    if (weight_heads != 0 && out.attn_weights != nullptr && B != 0 && Lq != 0 && Lk != 0) {
+        const std::size_t n = detail::checked_madd(detail::checked_madd(B, weight_heads, 0, "attn_weights", "[B, H]"),
+                                                   detail::checked_madd(Lq, Lk, 0, "attn_weights", "[Lq, Lk]"), 0, "attn_weights",
+                                                   "size");
+        const std::size_t n_bytes = detail::checked_madd(n, sizeof(float), 0, "attn_weights", "bytes");
+        if (!apart(out.attn_weights, n_bytes, output) || !apart(out.attn_weights, n_bytes, in.query) ||
+            !apart(out.attn_weights, n_bytes, in.key) || !apart(out.attn_weights, n_bytes, in.value))
+            detail::fail("attn_weights [" + std::to_string(n) + " floats] overlaps output, query, key or value");
+    }
+    if (cache != nullptr) {
+        if (!apart(cache->key_storage(), cache->bytes(), in.query)) detail::fail("query overlaps the KV cache");
+        if (!apart(cache->key_storage(), cache->bytes(), output)) detail::fail("output overlaps the KV cache");
+    }
+}
+
 template <class Forward>
-void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out, Forward&& forward) {
+void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out, std::size_t weight_heads, const KVCache* cache,
+              Forward&& forward) {
     const HalfAttentionInputs in = detail::validate_half_call(in_arg, out);  // key and value resolved
+    check_half_buffers(in, out, weight_heads, cache);
     const bool key_is_query = detail::same_view(in.key, in.query), value_is_key = detail::same_view(in.value, in.key);
     const std::size_t nq = detail::checked_madd(in.query.batch * in.query.rows, in.query.cols, 0, "query", "size");
     const std::size_t nk = key_is_query ? 0 : detail::checked_madd(in.key.batch * in.key.rows, in.key.cols, 0, "key", "size");
@@ -70,12 +101,14 @@ void run_half(const HalfAttentionInputs& in_arg, const HalfAttentionOutputs& out
 }  // namespace
 
 void MultiheadAttention::forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& opt) const {
-    run_half(in, out, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt); });
+    const std::size_t weight_heads =
+        opt.need_weights == NeedWeights::per_head ? num_heads() : opt.need_weights == NeedWeights::averaged ? 1 : 0;
+    run_half(in, out, weight_heads, nullptr, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt); });
 }
 
 void MultiheadAttention::forward(const HalfAttentionInputs& in, const HalfAttentionOutputs& out, const ForwardOptions& opt,
                                  KVCache& cache) const {
-    run_half(in, out, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt, cache); });
+    run_half(in, out, 0, &cache, [&](const AttentionInputs& i, const AttentionOutputs& o) { forward(i, o, opt, cache); });
 }
 
 }  // namespace mha

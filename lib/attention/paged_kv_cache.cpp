@@ -374,6 +374,11 @@ void paged_write_kv(const PagedKVPool& pool, const ConstMatrix& k, const ConstMa
     }
     if (T == 0) return;
     if (slots == nullptr) fail("slots is a null pointer");
+    if (detail::overlaps(reinterpret_cast<const unsigned char*>(slots), T * sizeof(std::int64_t),
+                         static_cast<const unsigned char*>(pool.keys), pool_bytes) ||
+        detail::overlaps(reinterpret_cast<const unsigned char*>(slots), T * sizeof(std::int64_t),
+                         static_cast<const unsigned char*>(pool.values), pool_bytes))
+        fail("slots overlap the pool (they would change as rows are written)");
     std::vector<std::int64_t> sorted;  // the written slots (-1: a padding token, vLLM's PAD_SLOT_ID, skipped)
     for (std::size_t t = 0; t < T; ++t)
         if (slots[t] != -1) sorted.push_back(slots[t]);

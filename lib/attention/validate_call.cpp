@@ -517,6 +517,12 @@ StepReservation validate_step_call(const LayerState& st, const StepPlanData& p, 
              "): this layer differs");
     check_cache_heads(cache, st);  // the layer's shape is the plan's
     check_packed_rows(x, y, p.step.query_starts[p.step.sequences], st.E, "T = sum of q_lens");
+    if (y.rows != 0) {  // the cache's pool is writable memory a caller can reach (pool()): x and y must be apart from it
+        const PagedKVPool& pool = cache.pool();
+        const std::size_t pool_bytes = check_caller_pool(pool);
+        if (overlaps_pool(pool, pool_bytes, y.data, matrix_elements(y))) fail("y overlaps the paged KV cache's pool");
+        if (overlaps_pool(pool, pool_bytes, x.data, matrix_elements(x))) fail("x overlaps the paged KV cache's pool");
+    }
     // First the reservation (allocates, changes nothing): its checks that the cache holds each sequence at
     // its past length are what the window check below relies on.
     StepReservation r = PagedKVCacheAccess::reserve_step(cache, p.step);

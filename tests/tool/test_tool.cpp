@@ -285,6 +285,26 @@ TEST_F(ToolTest, RunWithoutNeedWeightsWritesOnlyOutput) {
 
 // key.npy / value.npy with no keys ([B, 0, E]) are given, not absent (the library's null key means key = query):
 // every query row is fully masked, so each output row is out_proj.bias (PyTorch's result), and the weights [B, Lq, 0].
+// An output name that cannot be replaced (a folder) is refused before any output is renamed into place: the
+// files of an earlier run stay as they were (a later failing rename used to delete the ones already replaced).
+TEST_F(ToolTest, RunThatCannotWriteAnOutputKeepsTheEarlierOnes) {
+    write_valid_case(2, 3, 4);
+    const Result first = mha({"run", "--npy", dir_.string(), "--heads", "2"});
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    const mha::npy::Array before = mha::npy::load((dir_ / "output.npy").string());
+    fs::create_directory(dir_ / "attn_weights.npy");
+    write_f32(dir_ / "query.npy", std::vector<float>(2 * 3 * 4, 0.25f), {2, 3, 4});  // a run that would change output.npy
+    const Result r = mha({"run", "--npy", dir_.string(), "--heads", "2", "--need-weights"});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("attn_weights.npy: it exists and is not a regular file"), std::string::npos) << r.err;
+    const mha::npy::Array after = mha::npy::load((dir_ / "output.npy").string());
+    EXPECT_EQ(after.shape, before.shape);
+    EXPECT_EQ(std::memcmp(after.values.data(), before.values.data(), before.values.size() * sizeof(float)), 0);
+    for (const auto& entry : fs::directory_iterator(dir_))  // no temporary left behind
+        EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+    fs::remove(dir_ / "attn_weights.npy");
+}
+
 TEST_F(ToolTest, RunWithZeroLengthKeysGivesTheBias) {
     write_valid_case(2, 3, 4);
     write_f32(dir_ / "key.npy", {}, {2, 0, 4});
