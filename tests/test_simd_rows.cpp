@@ -453,6 +453,20 @@ TEST_P(SimdRows, LayernormGammaBetaResidual) {
         }
 }
 
+TEST_P(SimdRows, LayernormHugeDeviations) {
+    // Deviations past ~1.8e19 overflow their fp32 squares: the row is rescaled by a power of 2, not normalized
+    // by inv_std = 0 (which gave beta everywhere). Also with a residual and a large mean.
+    for (std::size_t n : row_lengths())
+        for (float sigma : {1e19f, 1e20f, 1e30f, 1e34f})
+            for (std::size_t offset : {0, 1}) {
+                if (n < 2) continue;  // one value: no deviation
+                LayernormInput in{normal(n, 0.0f, sigma, 89 + n), {}, uniform(n, 0.5f, 1.5f, 97 + n), uniform(n, -1, 1, 101 + n)};
+                check_layernorm("huge deviations", in, offset, Alias::y_is_x);
+                LayernormInput shifted{normal(n, 3.0f * sigma, sigma, 103 + n), normal(n, 0.0f, 1.0f, 107 + n), in.gamma, in.beta};
+                check_layernorm("huge deviations, mean 3 sigma, residual", shifted, offset, Alias::none);
+            }
+}
+
 TEST_P(SimdRows, LayernormConstantRowIsBeta) {
     for (std::size_t n : row_lengths())
         for (float c : {0.0f, -3.0f, 1234.567f, 1e4f})

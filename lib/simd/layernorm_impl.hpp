@@ -12,6 +12,7 @@
 // Every helper is a template on Arch (or exists only in the AVX-512 TU): see softmax_impl.hpp.
 #pragma once
 #include <cstddef>
+#include <limits>
 
 #include "layernorm.hpp"
 #include "row_tail.hpp"
@@ -23,6 +24,9 @@ using row_detail::load_head;
 using row_detail::reduce_add;
 using row_detail::store_head;
 }  // namespace layernorm_detail
+namespace {
+constexpr float kInfinity = std::numeric_limits<float>::infinity();  // internal linkage: no symbol shared across ISAs
+}  // namespace
 
 template <class Arch>
 void layernorm_kernel::operator()(Arch arch, float* y, const float* x, const float* residual, std::size_t n,
@@ -101,8 +105,33 @@ void layernorm_kernel::operator()(Arch arch, float* y, const float* x, const flo
     const B shift = B(layernorm_detail::reduce_add(arch, d_sum0 + d_sum1)) / count;  // c = mean − mean0
     // Σd²/n >= c² in exact arithmetic; rounding can take a constant row just below 0. maxps returns its
     // second operand when one is NaN, so a NaN variance stays NaN.
-    const B var = xsimd::max(B(0.0f), B(layernorm_detail::reduce_add(arch, sq0 + sq1)) / count - shift * shift);
-    const B inv_std = B(1.0f) / xsimd::sqrt(var + B(eps));
+    const float sum_sq = layernorm_detail::reduce_add(arch, sq0 + sq1);
+    const B var = xsimd::max(B(0.0f), B(sum_sq) / count - shift * shift);
+    B inv_std = B(1.0f) / xsimd::sqrt(var + B(eps));
+    if (sum_sq == kInfinity && mean0_scalar - mean0_scalar == 0.0f) {
+        // Finite z whose deviations pass ~1.8e19: their squares overflow (inv_std would be 0, every y beta). Rare:
+        // Σ(d·p)² again with p the power of 2 below 1 / max|d| (exact scaling), inv_std = p / sqrt(var·p² + eps·p²).
+        B largest(0.0f);
+        for (j = 0; j < body; j += W) largest = xsimd::max(largest, xsimd::abs(B::load_unaligned(z + j) - mean0));
+        if (tail != 0) largest = xsimd::max(largest, xsimd::abs(load_head(arch, z + body, tail, mean0_scalar) - mean0));
+        alignas(64) float lanes[W];
+        largest.store_aligned(lanes);
+        float m = 0.0f;
+        for (std::size_t i = 0; i < W; ++i) m = lanes[i] > m ? lanes[i] : m;
+        const B p(__builtin_ldexpf(1.0f, -__builtin_ilogbf(m) - 1));
+        B sq(0.0f);
+        for (j = 0; j < body; j += W) {
+            const B d = (B::load_unaligned(z + j) - mean0) * p;
+            sq = xsimd::fma(d, d, sq);
+        }
+        if (tail != 0) {
+            const B d = (load_head(arch, z + body, tail, mean0_scalar) - mean0) * p;
+            sq = xsimd::fma(d, d, sq);
+        }
+        const B shift_p = shift * p;
+        const B var_p = xsimd::max(B(0.0f), B(layernorm_detail::reduce_add(arch, sq)) / count - shift_p * shift_p);
+        inv_std = p / xsimd::sqrt(var_p + B(eps) * p * p);
+    }
 
     // Pass 3: y = gamma·t + beta, t = (z − mean0)·inv_std − c·inv_std in one fma (one rounding of t).
     // gamma/beta presence is fixed for the row, so these branches are perfectly predicted.
