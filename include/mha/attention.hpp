@@ -349,8 +349,8 @@ public:
     // the arena the caller is in (all cores outside any): ask from where forward will run.
     std::size_t workspace_bytes(const AttentionInputs& in, const ForwardOptions& options = {}) const;
     // Bytes of weights this object holds: the packed projections (one copy each, panel padding included, 2 bytes
-    // per weight with bf16 compute; on AVX512_BF16 also the bf16 kernels' panels), the biases and the norm
-    // parameters. 0 on a moved-from object.
+    // per weight with bf16 compute; on AVX512_BF16 also the bf16 kernels' panels), the biases, the norm
+    // parameters and RoPE's frequency table. 0 on a moved-from object.
     std::size_t weight_bytes() const noexcept;
     // Bytes of packed weights and biases one SIMD forward reads at the current ISA cap (what a decode step
     // streams from memory): one packing of the projections, 2 bytes per weight with bf16 compute, 4 with fp32.
