@@ -357,6 +357,7 @@ py::array cache_view(py::object self, bool keys) {
     const mha::KVCache& kv = c.cache;
     const mha::DataType t = kv.element_type();
     if (mha::data_type_bytes(t) == 1) {
+        CacheUse u(c);  // a copy of consistent lengths (a forward in another thread appends)
         const std::size_t B = kv.batch(), H = kv.kv_heads(), L = kv.capacity(), d = kv.head_dim();
         py::array_t<float> a({B, H, L, d});
         auto* out = a.mutable_data();
@@ -870,8 +871,8 @@ PYBIND11_MODULE(_mha, m) {
         .def_property_readonly("head_dim", [](const PyKVCache& c) { return c.cache.head_dim(); })
         .def_property_readonly("capacity", [](const PyKVCache& c) { return c.cache.capacity(); })
         .def_property_readonly("nbytes", [](const PyKVCache& c) { return c.cache.bytes(); })
-        .def_property_readonly("lengths", [](const PyKVCache& c) { return c.cache.lengths(); })
-        .def("length", [](const PyKVCache& c, Count b) { return c.cache.length(b); }, py::arg("b"))
+        .def_property_readonly("lengths", [](PyKVCache& c) { CacheUse u(c); return c.cache.lengths(); })
+        .def("length", [](PyKVCache& c, Count b) { CacheUse u(c); return c.cache.length(b); }, py::arg("b"))
         .def("reset", [](PyKVCache& c, Count b) { CacheUse u(c); c.cache.reset(b); }, py::arg("b"))
         .def("truncate", [](PyKVCache& c, Count b, Count n) { CacheUse u(c); c.cache.truncate(b, n); },
              py::arg("b"), py::arg("n"))
@@ -906,12 +907,13 @@ PYBIND11_MODULE(_mha, m) {
         .def_property_readonly("block_size", [](const PyPagedKVCache& c) { return c.cache.block_size(); })
         .def_property_readonly("kv_heads", [](const PyPagedKVCache& c) { return c.cache.kv_heads(); })
         .def_property_readonly("head_dim", [](const PyPagedKVCache& c) { return c.cache.head_dim(); })
-        .def_property_readonly("free_blocks", [](const PyPagedKVCache& c) { return c.cache.free_blocks(); })
-        .def_property_readonly("used_blocks", [](const PyPagedKVCache& c) { return c.cache.used_blocks(); })
+        // Readers take the cache too: a step in another thread (the GIL released) moves block tables and lengths.
+        .def_property_readonly("free_blocks", [](PyPagedKVCache& c) { PagedUse u(c); return c.cache.free_blocks(); })
+        .def_property_readonly("used_blocks", [](PyPagedKVCache& c) { PagedUse u(c); return c.cache.used_blocks(); })
         .def("add_sequence", [](PyPagedKVCache& c) { PagedUse u(c); return c.cache.add_sequence(); })
         .def("fork", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return c.cache.fork(s); }, py::arg("s"))
-        .def("length", [](const PyPagedKVCache& c, Count s) { return c.cache.length(s); }, py::arg("s"))
-        .def("block_table", [](const PyPagedKVCache& c, Count s) { return c.cache.block_table(s); }, py::arg("s"))
+        .def("length", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return c.cache.length(s); }, py::arg("s"))
+        .def("block_table", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return c.cache.block_table(s); }, py::arg("s"))
         .def("truncate", [](PyPagedKVCache& c, Count s, Count n) { PagedUse u(c); c.cache.truncate(s, n); },
              py::arg("s"), py::arg("n"))
         .def("free_sequence", [](PyPagedKVCache& c, Count s) { PagedUse u(c); c.cache.free_sequence(s); }, py::arg("s"))
@@ -919,7 +921,7 @@ PYBIND11_MODULE(_mha, m) {
              py::arg("s"), py::arg("position"),
              "Sliding-window layers: return the blocks wholly before `position` to the pool (keys no future query's window "
              "reaches); returns released_tokens(s). Opt-in, after a step: position = length(s) - window_left.")
-        .def("released_tokens", [](const PyPagedKVCache& c, Count s) { return c.cache.released_tokens(s); }, py::arg("s"))
+        .def("released_tokens", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return c.cache.released_tokens(s); }, py::arg("s"))
         .def("append",
              [](PyPagedKVCache& c, Count s, py::handle key, py::handle value) {
                  // [Hkv, n, d] or [1, Hkv, n, d], projected and rotated (as KVCache.append).
@@ -932,9 +934,9 @@ PYBIND11_MODULE(_mha, m) {
                  c.cache.append(s, kh, vh);
              },
              py::arg("s"), py::arg("k"), py::arg("v"))
-        .def("keys", [](const PyPagedKVCache& c, Count s) { return paged_rows(c, s, false); }, py::arg("s"),
+        .def("keys", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return paged_rows(c, s, false); }, py::arg("s"),
              "Sequence s's keys, a float32 copy [Hkv, length, d].")
-        .def("values", [](const PyPagedKVCache& c, Count s) { return paged_rows(c, s, true); }, py::arg("s"),
+        .def("values", [](PyPagedKVCache& c, Count s) { PagedUse u(c); return paged_rows(c, s, true); }, py::arg("s"),
              "Sequence s's values, a float32 copy [Hkv, length, d].");
 
     py::class_<PyStepPlan>(m, "StepPlan",
@@ -942,11 +944,12 @@ PYBIND11_MODULE(_mha, m) {
                            "q_lens new tokens each, as cache holds them now) planned once; give it to every layer of a model\n"
                            "as layer(x, cache=cache_of_that_layer, plan=plan). Each layer's cache must hold the sequences at\n"
                            "the lengths they have in `cache` now (ValueError otherwise, nothing changed); a plan serves one step.")
-        .def(py::init([](const PyLayer& layer, const PyPagedKVCache& cache, py::handle seq_ids, py::handle q_lens, int threads) {
+        .def(py::init([](const PyLayer& layer, PyPagedKVCache& cache, py::handle seq_ids, py::handle q_lens, int threads) {
                  const std::vector<std::size_t> ids = sizes_of(seq_ids, "seq_ids"), ql = sizes_of(q_lens, "q_lens");
                  if (ids.size() != ql.size())
                      value_error("seq_ids has " + std::to_string(ids.size()) + " entries but q_lens has " + std::to_string(ql.size()));
                  const int th = parse_threads(threads);
+                 PagedUse u(cache);
                  return std::unique_ptr<PyStepPlan>(new PyStepPlan{mha::StepPlan(layer.layer, cache.cache, ids.data(), ql.data(), ids.size(), th)});
              }),
              py::arg("layer"), py::arg("cache"), py::arg("seq_ids"), py::arg("q_lens"), py::kw_only(), py::arg("threads") = 0)

@@ -240,3 +240,36 @@ def test_one_step_plan_for_every_layer():
     with pytest.raises(ValueError, match="q_lens\\[0\\] is 0"):
         mha.StepPlan(layers[0], shared[0], [a], [0])
     assert shared[0].length(a) == own[0].length(a)
+
+
+def test_readers_during_a_step_in_another_thread_are_refused_or_consistent():
+    """A step releases the GIL and moves block tables; keys() / block_table() / length() in another thread then
+    raise ValueError ("in use") or see a consistent cache (they used to read a moved table: a crash)."""
+    import threading
+    E, H, Hkv, d = 64, 4, 2, 16
+    layer, _ = make_layer(E, H, Hkv, d)
+    cache = mha.PagedKVCache(512, 16, Hkv, d)
+    ids = [cache.add_sequence() for _ in range(4)]
+    layer(rand(4 * 20, E), cache=cache, seq_ids=ids, q_lens=[20] * 4)
+    x = rand(4, E)
+    done = threading.Event()
+
+    def steps():
+        for _ in range(300):
+            layer(x, cache=cache, seq_ids=ids, q_lens=[1] * 4, threads=1)
+        done.set()
+
+    t = threading.Thread(target=steps)
+    t.start()
+    reads = refused = 0
+    while not done.is_set():
+        try:
+            k, n, table = cache.keys(ids[1]), cache.length(ids[2]), cache.block_table(ids[3])
+            assert k.shape[0] == Hkv and k.shape[2] == d and 20 <= k.shape[1] <= 320 and 20 <= n <= 320
+            assert len(table) >= 2
+            reads += 1
+        except ValueError as e:
+            assert "in use by another call" in str(e)
+            refused += 1
+    t.join()
+    assert cache.length(ids[0]) == 320 and reads + refused > 0
