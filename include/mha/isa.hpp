@@ -29,7 +29,8 @@ Isa detected_isa() noexcept;
 // The ISA the SIMD kernels use: min(detected, cap). The cap starts as the environment variable
 // MHA_ISA (if set and valid) and can be changed with set_isa_cap.
 Isa active_isa() noexcept;
-// Caps the ISA for later calls (process-wide; not meant to change while kernels run).
+// Caps the ISA (process-wide). Kernels read the cap each time they run, so a call running while it changes may
+// mix ISAs (each kernel correct, the bits of neither): change it between calls, not during them.
 void set_isa_cap(Isa cap) noexcept;
 // True where isa runs bf16 GEMMs on bf16 dot-product kernels of its own (avx512_bf16, neon_bf16).
 bool has_bf16_kernels(Isa isa) noexcept;
