@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -71,6 +72,16 @@ template <class T, class U>
 template <class T, class U>
 ::testing::AssertionResult all_within(const std::vector<T>& got, const std::vector<U>& want, double tol) {
     return all_within(got, want, std::vector<double>(want.size(), tol));
+}
+
+// Bitwise equality, except that any two NaNs match: a NaN's sign and payload are not part of the contract (which
+// NaN operand an add or FMA passes on depends on the operand order each kernel's compiler chose; fp8 NaN codes
+// widen to quiet NaNs whose payloads the conversion instructions choose).
+inline bool same_bits_or_nan(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && !(std::isnan(a[i]) && std::isnan(b[i]))) return false;
+    return true;
 }
 
 }  // namespace mha_test

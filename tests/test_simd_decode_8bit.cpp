@@ -27,11 +27,14 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
 #include "core/element_format.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
+
+using mha_test::same_bits_or_nan;  // a NaN's sign and payload are not part of the contract
 
 using mha::ConstMatrix;
 using mha::DataType;
@@ -104,15 +107,6 @@ struct FloatMat {
     ConstMatrix cview() const { return {buf.data() + kGuard, rows, cols, stride}; }
 };
 
-// The same bits, except that a NaN equals any NaN (a NaN's sign and payload are not part of the contract: the
-// fp8 NaN codes widen to quiet NaNs whose payloads the conversion instructions choose).
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]) && !(std::isnan(a[i]) && std::isnan(b[i])))
-            return false;
-    return true;
-}
 
 template <class F>
 void with_type(DataType t, F&& f) {
@@ -166,7 +160,7 @@ TEST_P(Decode8Bit, ScoresEqualTheFloatKernelOnWidenedKeys) {
                 k.fill(gen);
                 scores(0.37f, q.cview(), k, s8.view());
                 mha::simd::decode_scores(0.37f, q.cview(), k.wide(), s32.view());
-                ASSERT_TRUE(same_bits(s8.buf, s32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
+                ASSERT_TRUE(same_bits_or_nan(s8.buf, s32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
             }
 }
 
@@ -187,7 +181,7 @@ TEST_P(Decode8Bit, AccumulateEqualsTheFloatKernelOnWidenedValues) {
                 v.fill(gen);
                 accumulate(p.cview(), v, o8.view());
                 mha::simd::decode_accumulate(p.cview(), v.wide(), o32.view());
-                ASSERT_TRUE(same_bits(o8.buf, o32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
+                ASSERT_TRUE(same_bits_or_nan(o8.buf, o32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
             }
 }
 
@@ -218,10 +212,10 @@ TEST_P(Decode8Bit, SpecialValuesWidenExactly) {
         FloatMat o32 = o8;
         scores(1.0f, q.cview(), k, s8.view());
         mha::simd::decode_scores(1.0f, q.cview(), k.wide(), s32.view());
-        EXPECT_TRUE(same_bits(s8.buf, s32.buf)) << "scores, d " << d;
+        EXPECT_TRUE(same_bits_or_nan(s8.buf, s32.buf)) << "scores, d " << d;
         accumulate(p.cview(), k, o8.view());
         mha::simd::decode_accumulate(p.cview(), k.wide(), o32.view());
-        EXPECT_TRUE(same_bits(o8.buf, o32.buf)) << "accumulate, d " << d;
+        EXPECT_TRUE(same_bits_or_nan(o8.buf, o32.buf)) << "accumulate, d " << d;
     }
 }
 
@@ -255,8 +249,8 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
             mha::simd::decode_scores(0.5f, q.cview(), view, s.view(), {}, 0.75f);
             mha::simd::decode_accumulate(p.cview(), view, o.view(), {}, 0.75f);
         });
-        EXPECT_TRUE(same_bits(s.buf, s_want.buf)) << "M " << M << " n " << n << " d " << d;
-        EXPECT_TRUE(same_bits(o.buf, o_want.buf)) << "M " << M << " n " << n << " d " << d;
+        EXPECT_TRUE(same_bits_or_nan(s.buf, s_want.buf)) << "M " << M << " n " << n << " d " << d;
+        EXPECT_TRUE(same_bits_or_nan(o.buf, o_want.buf)) << "M " << M << " n " << n << " d " << d;
         munmap(map, span + page);
     }
 }

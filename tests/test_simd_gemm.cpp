@@ -33,6 +33,7 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
 #include "simd/gemm_blocking.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/round_bf16.hpp"
@@ -41,6 +42,7 @@
 namespace {
 
 using mha::ConstMatrix;
+using mha_test::same_bits_or_nan;
 using mha::Isa;
 using mha::Matrix;
 using mha::Trans;
@@ -97,16 +99,6 @@ struct Stored {
 // Bitwise equality (the padding holds NaN, which == never matches).
 bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-// Bitwise equality except that any two NaNs match: which NaN operand an add or FMA passes on (and so a NaN's
-// sign) depends on the operand order the compiler chose in each kernel.
-bool same_bits_or_nan(const std::vector<float>& x, const std::vector<float>& y) {
-    if (x.size() != y.size()) return false;
-    for (std::size_t i = 0; i < x.size(); ++i)
-        if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i]) && !(std::isnan(x[i]) && std::isnan(y[i])))
-            return false;
-    return true;
 }
 
 float max_abs(const Stored& m) {

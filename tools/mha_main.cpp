@@ -85,26 +85,21 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
 
     const CLI::Range thread_count(0, std::numeric_limits<int>::max());
-    // CLI::PositiveNumber's message prints DBL_MAX in full and accepts 1e30; say it plainly instead.
-    const CLI::Validator positive(
-        [](std::string& v) {
-            char* end = nullptr;
-            errno = 0;
-            const long long n = std::strtoll(v.c_str(), &end, 10);
-            const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= 1;
-            return ok ? std::string() : "must be a positive integer, got '" + v + "'";
-        },
-        "POSITIVE");
-    // A count that may be 0 (CLI11's size_t parse takes "-1" as 2^64 - 1).
-    const CLI::Validator non_negative(
-        [](std::string& v) {
-            char* end = nullptr;
-            errno = 0;
-            const long long n = std::strtoll(v.c_str(), &end, 10);
-            const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= 0;
-            return ok ? std::string() : "must be an integer >= 0, got '" + v + "'";
-        },
-        "NONNEGATIVE");
+    // An integer of at least `least` (CLI::PositiveNumber's message prints DBL_MAX in full and accepts 1e30, and
+    // CLI11's size_t parse takes "-1" as 2^64 - 1): say it plainly instead.
+    auto integer_at_least = [](long long least, const std::string& what, const std::string& name) {
+        return CLI::Validator(
+            [least, what](std::string& v) {
+                char* end = nullptr;
+                errno = 0;
+                const long long n = std::strtoll(v.c_str(), &end, 10);
+                const bool ok = !v.empty() && end != nullptr && *end == '\0' && errno == 0 && n >= least;
+                return ok ? std::string() : "must be " + what + ", got '" + v + "'";
+            },
+            name);
+    };
+    const CLI::Validator positive = integer_at_least(1, "a positive integer", "POSITIVE");
+    const CLI::Validator non_negative = integer_at_least(0, "an integer >= 0", "NONNEGATIVE");  // a count that may be 0
     // A positive real number that is finite as a 32-bit float (the library's float: 3.4028235e38 is, 1e39 and 1e-46
     // are not), as the library takes its scales and softcap.
     const CLI::Validator positive_real(
