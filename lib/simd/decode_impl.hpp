@@ -12,8 +12,8 @@
 // Memory-bound decode: each K and V row comes from memory once and should stream at read bandwidth,
 // with the query rows (and o) hot in L1.
 // scores: a register tile of query rows × key rows (ScoresShapes; AVX-512: 4 × 4 zmm accumulators; AVX2,
-//   SSE2 and NEON 2 × 4; AVX2 with 8-bit keys and M > 2: 4 × 2) runs along d, lane l summing the columns
-//   c ≡ l (mod W) in order (the last, partial vector with masked or buffered loads, zeros in the missing
+//   SSE2 and NEON 2 × 4; AVX2 with M > 2: 4 × 2 for 8-bit keys, 4 × 3 for 16-bit keys) runs along d,
+//   lane l summing the columns c ≡ l (mod W) in order (the last, partial vector with masked or buffered loads, zeros in the missing
 //   lanes). Then one transposed reduction turns the accumulators into sums with the same fixed tree for
 //   every sum: per 128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2:
 //   b0 + b1). Missing rows or keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the
@@ -22,8 +22,8 @@
 //   for the first query tile, from L1 for the others, from L2 for the next query block), then the query
 //   tiles.
 // accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2,
-//   or 2 × 4 when M <= 2 and V is not float) starts from o, adds p[m, j]·v[j, c] for j = 0, 1, ... in
-//   order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own lane: the
+//   AVX2 with 16-bit V 4 × 3, or 2 × 4 when M <= 2 and V is not float) starts from o, adds p[m, j]·v[j, c]
+//   for j = 0, 1, ... in order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own lane: the
 //   result is the sequential sum ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column
 //   tiling, and any split of n into consecutive calls. Loop order: chunks of J rows of V (they stay in
 //   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
@@ -110,6 +110,10 @@ struct DecodeTiles {
     static constexpr std::size_t FEW_ROWS = 2;
     static constexpr std::size_t NV_FEW = 4;
     static constexpr std::size_t NV_MAX = NV > NV_FEW ? NV : NV_FEW;
+    // Vectors per tile with more than FEW_ROWS rows: AVX2 with 16-bit V 4 × 3 (+ 3 + 1 of 16): 12 FMA chains
+    // instead of 8 hide the FMA latency (bf16, M 4, d 128 on Zen 2: accumulate 7.1 -> 6.5 ms).
+    template <class T>
+    static constexpr std::size_t nv_many() noexcept { return std::is_same_v<Arch, arch_avx2> && sizeof(T) == 2 ? 3 : NV; }
 };
 
 // A scores tile: Rows query rows × Keys key rows of accumulators (at most QB × KB), plus Keys key vectors and a
@@ -122,11 +126,14 @@ struct TileShape {
 // The scores tiles for keys of T. Wide: AVX-512 4 × 4 (+ 5 of 32 registers), AVX2, SSE2 and NEON 2 × 4 (+ 5 of
 // 16); float keys and any M. Tall, for M > 2: on AVX2 with 8-bit keys 4 × 2 (+ 3, + 2 int8 scales), which widens
 // each key vector once for 4 query rows instead of 2 (int8 scores, M 4, d 128 on Zen 2: 8.2 -> 7.5 ms;
-// e5m2 8.7 -> 7.2); elsewhere the wide tile.
+// e5m2 8.7 -> 7.2); on AVX2 with 16-bit keys 4 × 3 (+ 4 of 16): 12 FMA chains instead of 8 hide the FMA latency
+// (bf16 scores from L2, M 4, d 128 on Zen 2: 44 -> 50 GFLOP/s; M 8 from memory 12.0 -> 9.9 ms; a 4 × 2 tile did
+// not gain); elsewhere the wide tile.
 template <class Arch, class T>
 struct ScoresShapes {
     using Wide = TileShape<batch<Arch>::size == 16 ? 4 : 2, 4>;
-    using Tall = std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 1, TileShape<4, 2>, Wide>;
+    using Tall = std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 1, TileShape<4, 2>,
+                                    std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 2, TileShape<4, 3>, Wide>>;
     static_assert(Wide::rows <= DecodeTiles<Arch>::QB && Tall::rows <= DecodeTiles<Arch>::QB, "tiles fit the accumulators");
 };
 
@@ -861,7 +868,7 @@ struct AccumulateTable {
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
 constexpr AccumulateTileFn<Arch, T> accumulate_entry() {
     using D = DecodeTiles<Arch>;
-    if constexpr (NF + P == 0 || NF + P > (MR <= D::FEW_ROWS ? D::NV_FEW : D::NV))
+    if constexpr (NF + P == 0 || NF + P > (MR <= D::FEW_ROWS ? D::NV_FEW : D::template nv_many<T>()))
         return nullptr;
     else
         return &accumulate_tile<Arch, T, MR, NF, P>;
@@ -908,7 +915,8 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
     const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
     // Vectors per column tile. Float V stays on NV: it is memory-bound, and wider tiles read ahead in bigger
     // bursts (f32, M 1, d 64: 10.7 -> 11.9 ms on Zen 2).
-    const std::size_t NV = M <= T::FEW_ROWS && !std::is_same_v<E, float> ? T::NV_FEW : T::NV;
+    constexpr std::size_t NV_MANY = T::template nv_many<E>();
+    const std::size_t NV = M <= T::FEW_ROWS && !std::is_same_v<E, float> ? T::NV_FEW : NV_MANY;
     const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
     const std::size_t tail_full = full - blocks * NV;
     const std::size_t query_tiles = (M + MB - 1) / MB;
@@ -946,8 +954,8 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             for (std::size_t b = 0; b < blocks; ++b) {
                 const std::size_t c = b * NV * W;
                 const RowPlan<Arch> rp = plan();
-                if (mr == MB && NV == T::NV)
-                    accumulate_tile<Arch, E, MB, T::NV, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
+                if (mr == MB && NV == NV_MANY)
+                    accumulate_tile<Arch, E, MB, NV_MANY, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
                 else
                     table.f[mr - 1][NV][0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
             }
