@@ -330,6 +330,43 @@ TEST_P(SimdGemm, PackedRowSplitIsBitwiseEqual) {
         for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(plain.at(i, j) + bias[j], whole.at(i, j)) << i << ", " << j;
 }
 
+// One or two rows of A run several B panels per register tile (gemm_impl.hpp, kWidePanels): the same sum per
+// element as the one-panel tiles of a longer call, so rows 0..m of a call of m + 5 rows give their bits, for B
+// in place, packed, and packed in bf16, over n from one panel to nine with every kind of tail, one and two
+// k-blocks, beta and bias; the padding of C is never written.
+TEST_P(SimdGemm, FewRowsTakeWidePanelsWithTheSameBits) {
+    using mha::simd::PackedMatrix;
+    using mha::simd::PanelElement;
+    std::mt19937 gen(710);
+    for (std::size_t k : {std::size_t(5), tile.kc + 3})
+        for (std::size_t n : {tile.nr, 2 * tile.nr + 1, 4 * tile.nr, 5 * tile.nr - 1, 9 * tile.nr + 7})
+            for (std::size_t m : {std::size_t(1), std::size_t(2)}) {
+                const Stored a(m + 5, k, 1, gen), b(k, n, 2, gen);
+                std::vector<float> bias(n);
+                for (auto& x : bias) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
+                const PackedMatrix p32(b.view(), Trans::no), p16(b.view(), Trans::no, 1, PanelElement::bf16);
+                for (float beta : {0.0f, 0.5f}) {
+                    const float* bias_or_null = beta == 0.0f ? bias.data() : nullptr;
+                    const Stored c0(m + 5, n, 3, gen);
+                    auto both = [&](auto call) {  // the m rows alone, and within the longer call
+                        Stored few = c0, many = c0;
+                        call(a.view().row_block(0, m), few.mview().row_block(0, m));
+                        call(a.view(), many.mview());
+                        for (std::size_t i = 0; i < m; ++i)
+                            for (std::size_t j = 0; j < n; ++j)
+                                ASSERT_EQ(std::bit_cast<std::uint32_t>(few.at(i, j)), std::bit_cast<std::uint32_t>(many.at(i, j)))
+                                    << "m " << m << " n " << n << " k " << k << " beta " << beta << " at " << i << ", " << j;
+                        for (std::size_t i = m; i < m + 5; ++i)  // the rows not asked for are untouched
+                            for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(few.at(i, j), c0.at(i, j));
+                        ASSERT_TRUE(few.padding_intact());
+                    };
+                    both([&](ConstMatrix x, Matrix y) { mha::simd::gemm(0.75f, x, Trans::no, b.view(), Trans::no, beta, y); });
+                    both([&](ConstMatrix x, Matrix y) { mha::simd::gemm_packed(0.75f, x, Trans::no, p32, beta, bias_or_null, y); });
+                    both([&](ConstMatrix x, Matrix y) { mha::simd::gemm_packed(0.75f, x, Trans::no, p16, beta, bias_or_null, y); });
+                }
+            }
+}
+
 // bf16 panels (PanelElement::bf16) widen each value exactly in the microkernel: a GEMM on them gives bitwise
 // what f32 panels of the same values rounded to bf16 give (same products, same k order), for every row and
 // column tail, one to three k-blocks, both transposes, beta and bias, and rows split across calls; the panels

@@ -28,6 +28,9 @@ template <class Arch>
 struct Gemm {
     using Blk = GemmBlocking<Arch>;
     static constexpr std::size_t MR = Blk::MR, NV = Blk::NV, NR = Blk::NR, W = Blk::W;
+    // Row panels of at most kWideRows rows run kWidePanels / rows B panels per tile (one panel's 1 × NV
+    // accumulators leave the FMA latency exposed: bf16 weights on AVX2 read at half the bytes per FMA).
+    static constexpr std::size_t kWideRows = 2, kWidePanels = 4;
     template <class BT>  // BT: the B panels' element, float or uint16_t (bf16 bits, PanelElement::bf16)
     using Kernel = void (*)(std::size_t, const float*, std::size_t, const BT*, std::size_t, const GemmTileOut&) noexcept;
     // Plain arrays (indexing them calls no std::array member, which the AVX2 and SSE2 TUs would share:
@@ -77,7 +80,18 @@ struct Gemm {
                       const BPanels<BT>& b, float* c, std::size_t ldc, float alpha, float beta,
                       const float* bias) noexcept {
         const KernelTable<BT>& table = layout == ALayout::col_panel ? kernels<BT, ALayout::col_panel> : kernels<BT, ALayout::row_major>;
-        for (std::size_t j0 = 0, jr = 0; j0 < nc; j0 += NR, ++jr) {
+        std::size_t j0 = 0, jr = 0;
+        if (m <= kWideRows && layout == ALayout::row_major) {
+            // Few rows (a decode step's projections): kWidePanels full panels per tile, for enough FMA chains.
+            const auto wide = m == 1 ? &gemm_microkernel_wide<Arch, 1, NV, ALayout::row_major, BT, kWidePanels>
+                                     : &gemm_microkernel_wide<Arch, 2, NV, ALayout::row_major, BT, kWidePanels / 2>;
+            const std::size_t step = m == 1 ? kWidePanels : kWidePanels / 2;
+            for (; j0 + step * NR <= nc; j0 += step * NR, jr += step) {  // full panels only
+                const GemmTileOut out{c + j0, ldc, step * NR, alpha, beta, bias != nullptr ? bias + j0 : nullptr};
+                wide(kc, a, lda, b.base + jr * b.panel_step, b.ldb, b.panel_step, out);
+            }
+        }
+        for (; j0 < nc; j0 += NR, ++jr) {
             const std::size_t n = min_size(NR, nc - j0);
             const bool edge = n < NR && b.edge != nullptr;
             const GemmTileOut out{c + j0, ldc, n, alpha, beta, bias != nullptr ? bias + j0 : nullptr};

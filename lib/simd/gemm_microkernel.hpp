@@ -165,11 +165,14 @@ inline MHA_GEMM_INLINE void store_vector(xsimd::batch<float, Arch> acc, float* c
 
 }  // namespace gemm_detail
 
-template <class Arch, std::size_t M, std::size_t NV, ALayout L, class BT = float>
-void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT* b, std::size_t ldb,
-                      const GemmTileOut& out) noexcept {
+// P panels side by side (P > 1: a few rows of A, where one panel's M·NV accumulators are too few FMA chains to
+// hide the FMA latency): vector v of a B row is vector v % NV of panel v / NV, the panels panel_step elements
+// apart; C's columns are the panels' in order (n <= P·NV·W). Each C element is the same sum as with P = 1.
+template <class Arch, std::size_t M, std::size_t NV, ALayout L, class BT, std::size_t P>
+inline MHA_GEMM_INLINE void gemm_microkernel_panels(std::size_t kc, const float* a, std::size_t lda, const BT* b,
+                                                    std::size_t ldb, std::size_t panel_step, const GemmTileOut& out) noexcept {
     using batch = xsimd::batch<float, Arch>;
-    constexpr std::size_t W = batch::size;
+    constexpr std::size_t W = batch::size, NT = P * NV;
     using gemm_detail::unroll;
     // Copies: stores to C must not make the compiler reload these from `out`.
     const std::size_t n = out.n, ldc = out.ldc;
@@ -177,17 +180,20 @@ void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT*
     const float* bias = out.bias;
     float* c = out.c;
 
-    batch acc[M][NV];
-    unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = batch(0.0f); }); });
+    batch acc[M][NT];
+    unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<NT>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = batch(0.0f); }); });
 
     // Ask for the C tile now so that its cache misses overlap the k loop instead of stalling the stores.
     unroll<M>([&](auto i) MHA_GEMM_INLINE {
-        unroll<NV>([&](auto v) MHA_GEMM_INLINE { __builtin_prefetch(c + i * ldc + v * W, 1, 3); });
+        unroll<NT>([&](auto v) MHA_GEMM_INLINE { __builtin_prefetch(c + i * ldc + v * W, 1, 3); });
     });
     // row_major A: M row pointers advance by one float per k; col_panel A: one pointer advances by lda.
     for (std::size_t p = 0; p < kc; ++p) {
-        batch bv[NV];
-        unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = gemm_detail::load_b<Arch>(b + v * W); });
+        batch bv[NT];
+        unroll<NT>([&](auto v) MHA_GEMM_INLINE {
+            constexpr std::size_t panel = decltype(v)::value / NV, vec = decltype(v)::value % NV;
+            bv[v] = gemm_detail::load_b<Arch>(b + panel * panel_step + vec * W);
+        });
 #if MHA_SIMD_ARM
         if constexpr (std::is_same_v<Arch, arch_neon> && L == ALayout::col_panel && M % 4 == 0) {
             // A's M floats as M/4 vectors, each used by lane (fmla by element): M/4 loads instead of M
@@ -195,7 +201,7 @@ void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT*
             unroll<M / 4>([&](auto g) MHA_GEMM_INLINE {
                 const float32x4_t a4 = vld1q_f32(a + 4 * g);
                 unroll<4>([&](auto lane) MHA_GEMM_INLINE {
-                    unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+                    unroll<NT>([&](auto v) MHA_GEMM_INLINE {
                         acc[4 * g + lane][v] = vfmaq_laneq_f32(acc[4 * g + lane][v], bv[v], a4, lane);
                     });
                 });
@@ -204,20 +210,33 @@ void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT*
 #endif
         unroll<M>([&](auto i) MHA_GEMM_INLINE {
             const batch ai(L == ALayout::col_panel ? a[i] : a[i * lda]);
-            unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = gemm_detail::fmadd<Arch>(ai, bv[v], acc[i][v]); });
+            unroll<NT>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = gemm_detail::fmadd<Arch>(ai, bv[v], acc[i][v]); });
         });
         a += L == ALayout::col_panel ? lda : 1;
         b += ldb;
     }
 
     unroll<M>([&](auto i) MHA_GEMM_INLINE {
-        unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+        unroll<NT>([&](auto v) MHA_GEMM_INLINE {
             if (beta != 0.0f)
                 gemm_detail::store_vector<Arch, true>(acc[i][v], c + i * ldc, v * W, n, alpha, beta, bias);
             else
                 gemm_detail::store_vector<Arch, false>(acc[i][v], c + i * ldc, v * W, n, alpha, beta, bias);
         });
     });
+}
+
+template <class Arch, std::size_t M, std::size_t NV, ALayout L, class BT = float>
+void gemm_microkernel(std::size_t kc, const float* a, std::size_t lda, const BT* b, std::size_t ldb,
+                      const GemmTileOut& out) noexcept {
+    gemm_microkernel_panels<Arch, M, NV, L, BT, 1>(kc, a, lda, b, ldb, 0, out);
+}
+
+// P full panels at once (see gemm_microkernel_panels).
+template <class Arch, std::size_t M, std::size_t NV, ALayout L, class BT, std::size_t P>
+void gemm_microkernel_wide(std::size_t kc, const float* a, std::size_t lda, const BT* b, std::size_t ldb,
+                           std::size_t panel_step, const GemmTileOut& out) noexcept {
+    gemm_microkernel_panels<Arch, M, NV, L, BT, P>(kc, a, lda, b, ldb, panel_step, out);
 }
 
 }  // namespace mha::simd
