@@ -5,7 +5,7 @@
 // on the widened values, and the check is bitwise equality (the float kernel has its own error bounds in
 // test_simd_decode_kernels.cpp). A wrongly widened lane, a lane read from the wrong column, a lost tail
 // element or a read of padding changes the bits.
-// Covered: M ∈ {1, 2, 3, 4, 5, 7, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 15, 16, 17, 255, 256} × d ∈ {1, 3, 7, 8, 9, 15,
+// Covered: M ∈ {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17} × n ∈ {1, 2, 3, 4, 5, 15, 16, 17, 255, 256} × d ∈ {1, 3, 7, 8, 9, 15,
 // 16, 17, 31, 32, 33, 64, 80, 128, 129} (every vector width's full and partial vectors, both query and key
 // tiles and their tails) with odd row strides and element offsets; the 16-bit padding of every row, the rows
 // past n and guards around the buffer hold NaN bits (a read one makes a result NaN: no longer equal); s / o
@@ -35,7 +35,7 @@ using mha::DataType;
 using mha::Isa;
 using mha::Matrix;
 
-constexpr std::size_t kMs[] = {1, 2, 3, 4, 5, 7, 8, 9, 17};
+constexpr std::size_t kMs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17};
 constexpr std::size_t kNs[] = {1, 2, 3, 4, 5, 15, 16, 17, 255, 256};
 constexpr std::size_t kDs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 80, 128, 129};
 constexpr std::size_t kGuard = 21;

@@ -332,14 +332,14 @@ TEST_P(SimdGemm, PackedRowSplitIsBitwiseEqual) {
 
 // One or two rows of A run several B panels per register tile (gemm_impl.hpp, kWidePanels): the same sum per
 // element as the one-panel tiles of a longer call, so rows 0..m of a call of m + 5 rows give their bits, for B
-// in place, packed, and packed in bf16, over n from one panel to nine with every kind of tail, one and two
-// k-blocks, beta and bias; the padding of C is never written.
+// in place, packed, and packed in bf16, over n from one panel to past an NC block with every kind of tail, one
+// and two k-blocks, beta and bias; the padding of C is never written (B in panels: PanelOperand).
 TEST_P(SimdGemm, FewRowsTakeWidePanelsWithTheSameBits) {
     using mha::simd::PackedMatrix;
     using mha::simd::PanelElement;
     std::mt19937 gen(710);
     for (std::size_t k : {std::size_t(5), tile.kc + 3})
-        for (std::size_t n : {tile.nr, 2 * tile.nr + 1, 4 * tile.nr, 5 * tile.nr - 1, 9 * tile.nr + 7})
+        for (std::size_t n : {tile.nr, 2 * tile.nr + 1, 4 * tile.nr, 5 * tile.nr - 1, 9 * tile.nr + 7, tile.nc + 4 * tile.nr + 3})
             for (std::size_t m : {std::size_t(1), std::size_t(2)}) {
                 const Stored a(m + 5, k, 1, gen), b(k, n, 2, gen);
                 std::vector<float> bias(n);
@@ -448,7 +448,8 @@ TEST_P(SimdGemm, Bf16PanelsGiveTheBitsOfRoundedF32Panels) {
 // A B operand packed once into panels (fused attention's K_hᵀ and V_h): gemm_panels gives bitwise what
 // gemm gives on the unpacked B (same k order per element), for whole matrices, row blocks of op(B)
 // (packed piecewise at an offset, as the attention packs key blocks) and column blocks starting at a
-// panel; columns past n in the last panel are zero and never reach C.
+// panel; columns past n in the last panel are zero and never reach C. One and two rows of A too (several panels
+// per register tile).
 TEST_P(SimdGemm, PanelOperand) {
     std::mt19937 gen(900);
     const Isa isa = GetParam();
@@ -457,10 +458,10 @@ TEST_P(SimdGemm, PanelOperand) {
     for (Trans ta : kTrans)
         for (Trans tb : kTrans)
             for (std::size_t k : {std::size_t(1), std::size_t(17), std::size_t(64), tile.kc + 9})
-                for (std::size_t n : {std::size_t(1), nr - 1, nr, 3 * nr + 5}) {
-                    SCOPED_TRACE(::testing::Message() << "k=" << k << " n=" << n << " ta=" << (ta == Trans::yes)
+                for (std::size_t n : {std::size_t(1), nr - 1, nr, 3 * nr + 5, 5 * nr + 3})
+                for (std::size_t m : {std::size_t(1), std::size_t(2), tile.mr * 2 + 3}) {
+                    SCOPED_TRACE(::testing::Message() << "k=" << k << " n=" << n << " m=" << m << " ta=" << (ta == Trans::yes)
                                                       << " tb=" << (tb == Trans::yes));
-                    const std::size_t m = tile.mr * 2 + 3;
                     const Stored a(ta == Trans::no ? m : k, ta == Trans::no ? k : m, 3, gen);
                     const Stored b(tb == Trans::no ? k : n, tb == Trans::no ? n : k, 5, gen);
                     const std::size_t stride = mha::simd::PanelMatrix::min_panel_stride(isa, k);

@@ -701,7 +701,7 @@ struct ScoresTable {
 };
 
 // The tile of QR rows × KR keys where one of T's shapes holds it, else null (never called: a kernel's tiles
-// are at most its shape; AVX2 keeps no 3-4 × 3-4 tiles, which would spill).
+// are at most its shape; AVX2 keeps no 3-4 × 4 tiles, which would spill).
 template <class Arch, class T, std::size_t QR, std::size_t KR>
 constexpr ScoresTileFn<Arch, T> scores_entry() {
     using Shapes = ScoresShapes<Arch, T>;
@@ -861,7 +861,7 @@ using AccumulateTileFn = void (*)(const RowReader<Arch, T>&, std::size_t, const 
 template <class Arch, class T>
 struct AccumulateTable {
     // [rows - 1][full vectors][partial vector]; null where there is no such tile (no columns, more than
-    // NV vectors with more than FEW_ROWS rows, more than NV_FEW vectors).
+    // nv_many<T>() vectors with more than FEW_ROWS rows, more than NV_FEW vectors).
     AccumulateTileFn<Arch, T> f[DecodeTiles<Arch>::MB][DecodeTiles<Arch>::NV_MAX + 1][2];
 };
 
