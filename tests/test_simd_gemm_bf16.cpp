@@ -4,7 +4,8 @@
 // Covered: row tails m = 1..MR+1 and more, column tails n = 1..33 and N above NC, k odd and even, below and
 // above KC (one to three k-blocks), strided operands with NaN sentinels in the padding (never read or
 // written), beta = 0 over NaN, alpha and beta, bias, both layouts of op(B) packing to the same panels,
-// row splits bitwise equal to one call, Bf16PackedMatrix segments and unpack.
+// row splits bitwise equal to one call, one and two rows (several B panels per tile) bitwise equal to the same rows
+// in a longer call, Bf16PackedMatrix segments and unpack.
 //
 // Error bound. The products of two bf16 values are exact in fp32; vdpbf16ps adds a pair of them to the
 // fp32 accumulator with at most two roundings, so the K-term sum carries at most K roundings of a partial
@@ -128,6 +129,14 @@ TEST_F(SimdGemmBf16, RowAndColumnTails) {
         for (std::size_t n : {1, 15, 16, 17, 31, 32, 33, 65}) run_case({m, n, 37});
 }
 
+// One and two rows take four / two full B panels per tile where n has them (AVX512_BF16), then single panels.
+TEST_F(SimdGemmBf16, FewRowsWideNAgainstTheBound) {
+    for (std::size_t m : {1, 2})
+        for (std::size_t n : {127, 128, 129, 200, 257}) run_case({m, n, 37});
+    run_case({1, 300, 1100, 0.75f, 0.5f, true});
+    run_case({2, 160, 2049, -1.5f, 0.0f, true, Trans::no});
+}
+
 TEST_F(SimdGemmBf16, KOddEvenAndBlocks) {
     for (std::size_t k : {1, 2, 3, 31, 32, 33, 768, 1023, 1024, 1025, 2049, 3001}) run_case({9, 40, k});
 }
@@ -182,6 +191,36 @@ TEST_F(SimdGemmBf16, RowSplitsAreBitwiseEqual) {
                              Matrix(split.data() + r0 * n, rows, n));
     }
     EXPECT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * 4), 0);
+}
+
+// One or two rows alone (several B panels per tile) give the bits of the same rows inside a call of more rows
+// (one panel per tile): n with one to five full panels plus tails, one to three k-blocks, alpha, beta and bias,
+// A given as fp32 and packed (pack_a_bf16); C's padding and the rows not asked for are not written.
+TEST_F(SimdGemmBf16, FewRowsTakeWidePanelsWithTheSameBits) {
+    for (std::size_t m : {std::size_t(1), std::size_t(2)})
+        for (std::size_t n : {std::size_t(64), std::size_t(128), std::size_t(150), std::size_t(260)})
+            for (std::size_t k : {std::size_t(5), std::size_t(1100), std::size_t(2049)}) {
+                SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
+                const std::size_t big = m + 9, ldc = n + 3;
+                const auto a = random_floats(big * k, 21), w = random_floats(n * k, 22), bias = random_floats(n, 23);
+                auto c0 = random_floats(big * ldc, 24);
+                for (std::size_t i = 0; i < big; ++i)
+                    for (std::size_t j = n; j < ldc; ++j) c0[i * ldc + j] = kSentinel;
+                const mha::simd::Bf16PackedMatrix packed({ConstMatrix(w.data(), n, k)}, Trans::yes);
+                std::vector<float> all = c0, few = c0, few_packed = c0;
+                mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data(), big, k), packed.all(), 0.5f, bias.data(), Matrix(all.data(), big, n, ldc));
+                const std::size_t r0 = 4;  // rows [4, 4 + m) alone
+                mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data() + r0 * k, m, k), packed.all(), 0.5f, bias.data(),
+                                     Matrix(few.data() + r0 * ldc, m, n, ldc));
+                Aligned16 pa(mha::simd::gemm_bf16_packed_a_elements(m, k));
+                mha::simd::pack_a_bf16(ConstMatrix(a.data() + r0 * k, m, k), pa.p);
+                mha::simd::gemm_bf16_packed_a(0.75f, pa.p, m, k, packed.all(), 0.5f, bias.data(), Matrix(few_packed.data() + r0 * ldc, m, n, ldc));
+                for (std::size_t i = 0; i < big; ++i) {
+                    const auto& want = i >= r0 && i < r0 + m ? all : c0;
+                    EXPECT_EQ(std::memcmp(few.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "row " << i;
+                    EXPECT_EQ(std::memcmp(few_packed.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "packed A, row " << i;
+                }
+            }
 }
 
 // A packed once (pack_a_bf16) and used by calls on column blocks of B gives the bits of gemm_bf16 on the whole:

@@ -53,23 +53,28 @@ struct Bf16Gemm {
         }
     }
 
-    // One MR×32 (or smaller) tile over kp k-pairs: a[q·MR + i], b[q·64 + ...].
-    template <std::size_t M, std::size_t NV>
-    static void tile(std::size_t kp, const u32a* a, const std::uint16_t* b, const GemmTileOut& out) noexcept {
+    // One MR×32 (or smaller) tile over kp k-pairs: a[q·MR + i], b[q·64 + ...]; with P > 1, P full panels side by
+    // side (panel p at b + p·panel_stride, C columns [32p, 32p + 32)). Each C element is the same chain of
+    // vdpbf16ps over q whatever P is.
+    template <std::size_t M, std::size_t NV, std::size_t P = 1>
+    static void tile(std::size_t kp, const u32a* a, const std::uint16_t* b, std::size_t panel_stride, const GemmTileOut& out) noexcept {
         using gemm_detail::unroll;
-        __m512 acc[M][NV];
-        unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_setzero_ps(); }); });
+        static_assert(P == 1 || NV == 2, "several panels are full ones");
+        __m512 acc[M][P * NV];
+        unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<P * NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_setzero_ps(); }); });
         for (std::size_t q = 0; q < kp; ++q) {
-            __m512bh bv[NV];
-            unroll<NV>([&](auto v) MHA_GEMM_INLINE { bv[v] = (__m512bh)_mm512_load_si512(b + q * 2 * NR + v * 32); });
+            __m512bh bv[P * NV];
+            unroll<P * NV>([&](auto v) MHA_GEMM_INLINE {
+                bv[v] = (__m512bh)_mm512_load_si512(b + v / NV * panel_stride + q * 2 * NR + v % NV * 32);
+            });
             unroll<M>([&](auto i) MHA_GEMM_INLINE {
                 const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[q * MR + i]));
-                unroll<NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]); });
+                unroll<P * NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]); });
             });
         }
         const __m512 alpha = _mm512_set1_ps(out.alpha), beta = _mm512_set1_ps(out.beta);
         unroll<M>([&](auto i) MHA_GEMM_INLINE {
-            unroll<NV>([&](auto v) MHA_GEMM_INLINE {
+            unroll<P * NV>([&](auto v) MHA_GEMM_INLINE {
                 const std::size_t j = v * 16;
                 if (j >= out.n) return;
                 const __mmask16 mk = out.n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (out.n - j)) - 1);
@@ -82,7 +87,7 @@ struct Bf16Gemm {
         });
     }
 
-    using Tile = void (*)(std::size_t, const u32a*, const std::uint16_t*, const GemmTileOut&) noexcept;
+    using Tile = void (*)(std::size_t, const u32a*, const std::uint16_t*, std::size_t, const GemmTileOut&) noexcept;
     struct TileRow {
         Tile t[MR];
     };
@@ -92,16 +97,21 @@ struct Bf16Gemm {
     }
     static constexpr TileRow tiles[2] = {tile_row<1>(std::make_index_sequence<MR>{}), tile_row<2>(std::make_index_sequence<MR>{})};
 
-    // Asks for the `bytes` bytes at p to be brought into L2. Never faults.
-    static void prefetch_l2(const void* p, std::size_t bytes) noexcept {
-        const char* t = static_cast<const char*>(p);
-        for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(t + i, _MM_HINT_T1);
-    }
-
     // One row panel (m rows) × one B panel (n <= 32 columns).
     static void panel(std::size_t m, std::size_t n, std::size_t kp, const u32a* a, const std::uint16_t* b,
                       const GemmTileOut& out) noexcept {
-        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, out);
+        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, 0, out);
+    }
+
+    // One or two rows: wide_panels(m) full B panels per tile (8 accumulators, 8 dot-product chains against the
+    // latency; one panel at a time gives 2 or 4), their columns read side by side.
+    static constexpr std::size_t wide_panels(std::size_t m) noexcept { return m == 1 ? 4 : m == 2 ? 2 : 0; }
+    static void wide(std::size_t m, std::size_t kp, const u32a* a, const std::uint16_t* b, std::size_t panel_stride,
+                     const GemmTileOut& out) noexcept {
+        if (m == 1)
+            tile<1, 2, 4>(kp, a, b, panel_stride, out);
+        else
+            tile<2, 2, 2>(kp, a, b, panel_stride, out);
     }
 };
 
