@@ -33,8 +33,9 @@ struct RowStream {
 };
 
 // The stream of x's rows (row_bytes bytes each) then ahead's (ignored unless its rows are as long), read ahead
-// by about ahead_bytes, at least 4 rows and at most max_rows (at most the smallest run a caller has: a paged
-// cache's smallest block, so that the distance never skips a whole run).
+// by about ahead_bytes, at least 4 rows and at most the larger of max_rows (the smallest run a caller has: a
+// paged cache's smallest block) and ahead.rows: a distance past the rows ahead would skip the run after them,
+// one within them never does (with no rows ahead there is nothing to skip).
 template <class Arch, class E>
 inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<const E> x, std::size_t row_bytes, const RowsAhead& ahead,
                                                                  std::size_t ahead_bytes, std::size_t max_rows) noexcept {
@@ -44,7 +45,8 @@ inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<cons
     if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
     if (r.bytes != 0) {
         const std::size_t rows = (ahead_bytes + r.bytes - 1) / r.bytes;
-        r.distance = rows < 4 ? 4 : rows > max_rows ? max_rows : rows;
+        const std::size_t cap = r.ahead.data == nullptr ? rows : r.ahead.rows > max_rows ? r.ahead.rows : max_rows;
+        r.distance = rows < 4 ? 4 : rows > cap ? cap : rows;
     }
     return r;
 }
