@@ -55,14 +55,20 @@ struct Bf16Gemm {
 
     // One MR×32 (or smaller) tile over kp k-pairs: a[q·MR + i], b[q·64 + ...]; with P > 1, P full panels side by
     // side (panel p at b + p·panel_stride, C columns [32p, 32p + 32)). Each C element is the same chain of
-    // vdpbf16ps over q whatever P is.
+    // vdpbf16ps over q whatever P is. ahead (non-null): the bytes [ahead, ahead + kp·ahead_step) are asked into L2
+    // along the way, ahead_step bytes per k-pair (ahead_step <= 128).
     template <std::size_t M, std::size_t NV, std::size_t P = 1>
-    static void tile(std::size_t kp, const u32a* a, const std::uint16_t* b, std::size_t panel_stride, const GemmTileOut& out) noexcept {
+    static void tile(std::size_t kp, const u32a* a, const std::uint16_t* b, std::size_t panel_stride, const GemmTileOut& out,
+                     const char* ahead, std::size_t ahead_step) noexcept {
         using gemm_detail::unroll;
         static_assert(P == 1 || NV == 2, "several panels are full ones");
         __m512 acc[M][P * NV];
         unroll<M>([&](auto i) MHA_GEMM_INLINE { unroll<P * NV>([&](auto v) MHA_GEMM_INLINE { acc[i][v] = _mm512_setzero_ps(); }); });
         for (std::size_t q = 0; q < kp; ++q) {
+            if (ahead != nullptr) {
+                _mm_prefetch(ahead + q * ahead_step, _MM_HINT_T1);
+                if (ahead_step > 64) _mm_prefetch(ahead + q * ahead_step + 64, _MM_HINT_T1);
+            }
             __m512bh bv[P * NV];
             unroll<P * NV>([&](auto v) MHA_GEMM_INLINE {
                 bv[v] = (__m512bh)_mm512_load_si512(b + v / NV * panel_stride + q * 2 * NR + v % NV * 32);
@@ -87,7 +93,8 @@ struct Bf16Gemm {
         });
     }
 
-    using Tile = void (*)(std::size_t, const u32a*, const std::uint16_t*, std::size_t, const GemmTileOut&) noexcept;
+    using Tile = void (*)(std::size_t, const u32a*, const std::uint16_t*, std::size_t, const GemmTileOut&, const char*,
+                          std::size_t) noexcept;
     struct TileRow {
         Tile t[MR];
     };
@@ -100,7 +107,13 @@ struct Bf16Gemm {
     // One row panel (m rows) × one B panel (n <= 32 columns).
     static void panel(std::size_t m, std::size_t n, std::size_t kp, const u32a* a, const std::uint16_t* b,
                       const GemmTileOut& out) noexcept {
-        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, 0, out);
+        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, 0, out, nullptr, 0);
+    }
+    // The same, asking [ahead, ahead + kp·ahead_step) into L2 meanwhile (ahead_step <= 128 bytes per k-pair): the
+    // few-rows loop spreads the next B panel over its row panels' tiles this way.
+    static void panel_reading_ahead(std::size_t m, std::size_t n, std::size_t kp, const u32a* a, const std::uint16_t* b,
+                                    const GemmTileOut& out, const void* ahead, std::size_t ahead_step) noexcept {
+        tiles[n > 16 ? 1 : 0].t[m - 1](kp, a, b, 0, out, static_cast<const char*>(ahead), ahead_step);
     }
 
     // One or two rows: wide_panels(m) full B panels per tile (8 accumulators, 8 dot-product chains against the
@@ -109,9 +122,9 @@ struct Bf16Gemm {
     static void wide(std::size_t m, std::size_t kp, const u32a* a, const std::uint16_t* b, std::size_t panel_stride,
                      const GemmTileOut& out) noexcept {
         if (m == 1)
-            tile<1, 2, 4>(kp, a, b, panel_stride, out);
+            tile<1, 2, 4>(kp, a, b, panel_stride, out, nullptr, 0);
         else
-            tile<2, 2, 2>(kp, a, b, panel_stride, out);
+            tile<2, 2, 2>(kp, a, b, panel_stride, out, nullptr, 0);
     }
 };
 

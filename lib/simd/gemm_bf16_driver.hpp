@@ -15,7 +15,8 @@
 //     dst[j] = (r0[j], r1[j]), the pairs past n zero;
 //   panel(m, n, kp, a, b, out): C rows [0, m) × columns [0, n <= 32) of one row panel and one B panel over
 //     kp k-pairs (a: the packed row panel, b: the B panel at the k-block's first pair);
-//   optionally prefetch_l2(p, bytes): a hint that never faults (the next B panel with few rows);
+//   optionally prefetch_l2(p, bytes): a hint that never faults (the next B panel with few rows), or
+//     panel_reading_ahead(m, n, kp, a, b, out, ahead, step): panel, asking [ahead, ahead + kp·step) into L2;
 //   optionally wide_panels(m) and wide(m, kp, a, b, panel_stride, out): for m rows (np = 1), wide_panels(m)
 //     full B panels at b + p·panel_stride in one tile (0: none), each C element the same chain as panel's.
 #pragma once
@@ -39,10 +40,14 @@ struct Bf16GemmDriver {
 
     static std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
     // Full B panels per tile for M rows: Kernel::wide_panels(M) where the kernel has wide tiles, else 0 (none).
-    // Whether the next B panel is asked into L2 while one is computed (Kernel::prefetch_l2). AVX-512 has none: on
-    // Zen 5 its burst of line prefetches at each panel's 64 KB k-block slowed the projections (bf16 layer step,
-    // E 4096, decodes over 16 keys, one thread: 3.58 -> 2.72 ms for 4 rows, 8.47 -> 7.50 ms for 32 without it).
+    // How the few-rows loop asks the next B panel into L2 while one is computed: in a burst before the panel's
+    // tiles (Kernel::prefetch_l2; NEON), or a share of it along each row panel's tile (Kernel::panel_reading_ahead;
+    // AVX-512). On Zen 5 the burst of 1024 line prefetches per 64 KB k-block slowed the projections, and spread
+    // over the tiles they keep memory busy while the tiles compute (bf16 layer step, E 4096, decodes over 16
+    // keys, one thread, two A/B runs: burst -> none 3.58 -> 2.72 ms for 4 rows, 8.47 -> 7.50 for 32; none ->
+    // spread 3.04 -> 2.32 and 7.41 -> 5.64).
     static constexpr bool kPrefetchesPanels = requires { Kernel::prefetch_l2(nullptr, std::size_t{1}); };
+    static constexpr bool kReadsAheadInTiles = requires { &Kernel::panel_reading_ahead; };
     static constexpr bool kHasWide = requires { Kernel::wide_panels(std::size_t{1}); };
     static constexpr std::size_t wide_panels(std::size_t m) noexcept {
         if constexpr (kHasWide)
@@ -119,10 +124,12 @@ struct Bf16GemmDriver {
             }
             const float beta_k = kb == 0 ? beta : 1.0f;
             const float* bias_k = kb + 1 == nb ? bias : nullptr;
+            auto tile_out = [&](std::size_t i0, std::size_t j0, std::size_t n) {
+                return GemmTileOut{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
+            };
             auto run_panel = [&](std::size_t r, std::size_t j0, std::size_t n) {
                 const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                const GemmTileOut out{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
-                Kernel::panel(m, n, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR, out);
+                Kernel::panel(m, n, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR, tile_out(i0, j0, n));
             };
             if (np <= kFewRowPanels) {
                 // Few rows (a decode step's projections): each B panel, streamed from memory once, serves every
@@ -134,8 +141,18 @@ struct Bf16GemmDriver {
                     if constexpr (kPrefetchesPanels)
                         if (j0 + NR < N) Kernel::prefetch_l2(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR, kp * 2 * NR * 2);
                     if (take > 1) {
-                        const GemmTileOut out{c.data + j0, c.stride, take * NR, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
-                        if constexpr (kHasWide) Kernel::wide(M, kp, ap, b.data + j0 / NR * b.panel_stride + pc * NR, b.panel_stride, out);
+                        if constexpr (kHasWide)
+                            Kernel::wide(M, kp, ap, b.data + j0 / NR * b.panel_stride + pc * NR, b.panel_stride, tile_out(0, j0, take * NR));
+                    } else if (kReadsAheadInTiles && j0 + NR < N) {
+                        // The next panel's k-block (kp pairs of 128 bytes) in np shares, one per row panel's tile.
+                        const auto* next = reinterpret_cast<const char*>(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR);
+                        const std::size_t step = 2 * NR * 2 / np;
+                        for (std::size_t r = 0; r < np; ++r) {
+                            const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
+                            if constexpr (kReadsAheadInTiles)
+                                Kernel::panel_reading_ahead(m, NR, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR,
+                                                            tile_out(i0, j0, NR), next + r * kp * step, step);
+                        }
                     } else {
                         for (std::size_t r = 0; r < np; ++r) run_panel(r, j0, min_size(NR, N - j0));
                     }
