@@ -5,7 +5,7 @@
 // the got value must be finite; NaN or ±inf on either side, and a size mismatch, are failures.
 // No helper compares NaN positions (NaN expected with NaN got also fails): no test here expects NaN
 // through a tolerance comparison. Tests that expect NaN (tests/test_adversarial.cpp's confinement
-// tests) say so with std::isnan, and bitwise identity is checked with == / memcmp.
+// tests) say so with std::isnan, and bitwise identity is checked with same_bits / same_bits_or_nan below.
 // tests/test_compare_helpers.cpp tests these helpers themselves.
 #pragma once
 #include <gtest/gtest.h>
@@ -72,6 +72,14 @@ template <class T, class U>
 template <class T, class U>
 ::testing::AssertionResult all_within(const std::vector<T>& got, const std::vector<U>& want, double tol) {
     return all_within(got, want, std::vector<double>(want.size(), tol));
+}
+
+// Bitwise equality (NaN signs and payloads included): results a contract says are the same bits.
+inline bool same_bits(const float* a, const float* b, std::size_t n) {
+    return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
 }
 
 // Bitwise equality, except that any two NaNs match: a NaN's sign and payload are not part of the contract (which

@@ -334,10 +334,8 @@ inline mha::KVCache filled_cache(std::size_t B, std::size_t Hkv, std::size_t d, 
     return c;
 }
 
-// Bitwise equality of float vectors (NaN-safe).
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
+// Bitwise equality of float vectors (compare_util.hpp).
+using mha_test::same_bits;
 
 inline bool CacheSnapshot::operator==(const CacheSnapshot& o) const {
     return lengths == o.lengths && same_bits(keys, o.keys) && same_bits(values, o.values);

@@ -89,7 +89,7 @@ void expect_all_configs_match_double(const Problem& p, double max_relative = 1e-
     }
 }
 
-bool bitwise_equal(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+using mha_test::same_bits;
 
 // ---------------------------------------------------------------------------------------------
 // |x| up to 1e4 in query and key.
@@ -220,7 +220,7 @@ void expect_rows_unchanged(const Result& clean, const Result& dirty, const Probl
         for (std::size_t i = 0; i < p.Lq; ++i) {
             if (b == skip_b && (skip_i == p.Lq || i == skip_i)) continue;
             const std::size_t at = (b * p.Lq + i) * p.E;
-            ASSERT_TRUE(bitwise_equal(&clean.output[at], &dirty.output[at], p.E)) << "row b=" << b << " i=" << i << " changed";
+            ASSERT_TRUE(same_bits(&clean.output[at], &dirty.output[at], p.E)) << "row b=" << b << " i=" << i << " changed";
         }
 }
 
@@ -312,7 +312,7 @@ TEST(Adversarial, PlusInfOrNaNInAdditiveMaskPoisonsOnlyItsRows) {
                 for (std::size_t i = 0; i < p.Lq; ++i) {
                     const std::size_t at = (b * p.Lq + i) * p.E;
                     if (i != 2) {
-                        ASSERT_TRUE(bitwise_equal(&clean.output[at], &r.output[at], p.E)) << "b=" << b << " i=" << i;
+                        ASSERT_TRUE(same_bits(&clean.output[at], &r.output[at], p.E)) << "b=" << b << " i=" << i;
                         continue;
                     }
                     for (std::size_t e = 0; e < p.E; ++e) ASSERT_TRUE(std::isnan(r.output[at + e])) << "b=" << b << " e=" << e;
@@ -326,7 +326,7 @@ TEST(Adversarial, PlusInfOrNaNInAdditiveMaskPoisonsOnlyItsRows) {
             for (std::size_t i = 0; i < p.Lq; ++i) {
                 const std::size_t at = (1 * p.Lq + i) * p.E;
                 if (p.attn_mask.values[i * 300 + 5] == -kInf) {
-                    ASSERT_TRUE(bitwise_equal(&clean.output[at], &r.output[at], p.E)) << "masked row " << i;
+                    ASSERT_TRUE(same_bits(&clean.output[at], &r.output[at], p.E)) << "masked row " << i;
                     continue;
                 }
                 for (std::size_t e = 0; e < p.E; ++e) ASSERT_TRUE(std::isnan(r.output[at + e])) << "row " << i << " e " << e;
@@ -366,7 +366,7 @@ TEST(Adversarial, MinusInfAdditiveMasks) {
                 SCOPED_TRACE(describe(c));
                 const Result r = run(attention, p, c, NeedWeights::averaged);
                 for (std::size_t i = 0; i < Lq; ++i) {
-                    ASSERT_TRUE(bitwise_equal(&r.output[(1 * Lq + i) * E], p.out_b.data(), E)) << "batch 1 row " << i;
+                    ASSERT_TRUE(same_bits(&r.output[(1 * Lq + i) * E], p.out_b.data(), E)) << "batch 1 row " << i;
                     for (std::size_t j = 0; j < Lk; ++j) ASSERT_EQ(r.weights[(1 * Lq + i) * Lk + j], 0.0f);
                 }
             }
@@ -420,7 +420,7 @@ TEST(Adversarial, ManyMoreTasksThanThreads) {
         const Result one = run(attention, p, c, NeedWeights::none, 1);
         for (const int threads : {2, 3, 64, 0}) {  // 64: more than TBB can run here (clamped)
             const Result r = run(attention, p, c, NeedWeights::none, threads);
-            EXPECT_TRUE(bitwise_equal(one.output.data(), r.output.data(), one.output.size())) << threads << " threads";
+            EXPECT_TRUE(same_bits(one.output.data(), r.output.data(), one.output.size())) << threads << " threads";
         }
     }
 }

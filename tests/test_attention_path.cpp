@@ -196,9 +196,7 @@ std::vector<float> forward(const mha::MultiheadAttention& m, const mha::Attentio
     return y;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 TEST(ExplicitApi, SelfAttentionIsTheNullKey) {
     const Layer l(32, 4, 2, 8);
@@ -216,7 +214,7 @@ TEST(ExplicitApi, SelfAttentionIsTheNullKey) {
         mha::ForwardOptions opt;
         opt.backend = backend;
         opt.causal = true;
-        EXPECT_TRUE(bitwise_equal(forward(m, legacy, opt), forward(m, explicit_self, opt)));
+        EXPECT_TRUE(same_bits(forward(m, legacy, opt), forward(m, explicit_self, opt)));
         EXPECT_EQ(m.workspace_bytes(legacy, opt), m.workspace_bytes(explicit_self, opt));
     }
 }
@@ -231,10 +229,10 @@ TEST(ExplicitApi, ConfigNormEpsIsThePerCallOne) {
         opt.backend = per_call.backend = backend;
         per_call.norm_eps = 1e-5f;
         const std::vector<float> by_config = forward(normed, in, opt);
-        EXPECT_TRUE(bitwise_equal(by_config, forward(plain, in, per_call)));
-        EXPECT_TRUE(bitwise_equal(by_config, forward(other, in, per_call)));  // the deprecated field overrides
-        EXPECT_FALSE(bitwise_equal(by_config, forward(plain, in, opt)));      // no post-norm without either
-        EXPECT_FALSE(bitwise_equal(by_config, forward(other, in, opt)));
+        EXPECT_TRUE(same_bits(by_config, forward(plain, in, per_call)));
+        EXPECT_TRUE(same_bits(by_config, forward(other, in, per_call)));  // the deprecated field overrides
+        EXPECT_FALSE(same_bits(by_config, forward(plain, in, opt)));      // no post-norm without either
+        EXPECT_FALSE(same_bits(by_config, forward(other, in, opt)));
     }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <gtest/gtest-spi.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -113,6 +114,26 @@ TEST(CompareHelpers, ExpectWithinFails) {
     EXPECT_EQ(failures({kNaN, 1.0f}, {double(kNaN), 1.0}, {double(kInf), 1e-6}), 1);
     EXPECT_EQ(failures({0.5f}, want, tol), 1);
     EXPECT_EQ(failures({0.5f, 1.01f}, want, tol), 1);
+}
+
+// same_bits: every bit, NaN payloads and signed zeros included, and the sizes; same_bits_or_nan: the same, except
+// that any two NaNs match.
+TEST(CompareHelpers, SameBitsSeesEveryBit) {
+    const float nan_a = std::bit_cast<float>(0x7fc00001u), nan_b = std::bit_cast<float>(0xffc00002u);
+    EXPECT_TRUE(mha_test::same_bits(std::vector<float>{1.0f, nan_a}, std::vector<float>{1.0f, nan_a}));
+    EXPECT_TRUE(mha_test::same_bits(std::vector<float>{}, std::vector<float>{}));
+    EXPECT_FALSE(mha_test::same_bits(std::vector<float>{1.0f, nan_a}, std::vector<float>{1.0f, nan_b}));
+    EXPECT_FALSE(mha_test::same_bits(std::vector<float>{0.0f}, std::vector<float>{-0.0f}));
+    EXPECT_FALSE(mha_test::same_bits(std::vector<float>{1.0f}, std::vector<float>{std::nextafter(1.0f, 2.0f)}));
+    EXPECT_FALSE(mha_test::same_bits(std::vector<float>{1.0f}, std::vector<float>{1.0f, 1.0f}));
+    const float x[2] = {1.0f, 2.0f}, y[2] = {1.0f, 3.0f};
+    EXPECT_TRUE(mha_test::same_bits(x, y, 1));
+    EXPECT_FALSE(mha_test::same_bits(x, y, 2));
+    EXPECT_TRUE(mha_test::same_bits(nullptr, nullptr, 0));
+    EXPECT_TRUE(mha_test::same_bits_or_nan(std::vector<float>{1.0f, nan_a}, std::vector<float>{1.0f, nan_b}));
+    EXPECT_FALSE(mha_test::same_bits_or_nan(std::vector<float>{0.0f}, std::vector<float>{-0.0f}));
+    EXPECT_FALSE(mha_test::same_bits_or_nan(std::vector<float>{nan_a}, std::vector<float>{1.0f}));
+    EXPECT_FALSE(mha_test::same_bits_or_nan(std::vector<float>{1.0f}, std::vector<float>{}));
 }
 
 }  // namespace

@@ -135,9 +135,7 @@ mha::ConstHeads kv_heads(const float* p, std::size_t Hkv, std::size_t n, std::si
     return mha::ConstHeads(p, 1, Hkv, n, d, Hkv * n * d, n * d, d);
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 void expect_same(const StepOutputs& got, const StepOutputs& want, const std::string& what) {
     ASSERT_EQ(got.size(), want.size());

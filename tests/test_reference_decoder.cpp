@@ -214,9 +214,7 @@ CoreResult run_core(const mha::SdpaInputs& in, float scale, bool causal, CausalA
     return r;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 // Every (causal, alignment) the core knows, for loops.
 struct CausalCase {
@@ -250,8 +248,8 @@ TEST(ReferenceAttentionCore, GroupedQueryHeadsEqualRepeatedKeysAndValues) {
         for (const CausalCase& cc : kCausalCases) {
             const CoreResult a = run_core(grouped.inputs(), 0.3f, cc.causal, cc.alignment);
             const CoreResult b = run_core(repeated.inputs(), 0.3f, cc.causal, cc.alignment);
-            EXPECT_TRUE(bitwise_equal(a.out, b.out)) << "Hkv " << Hkv << " causal " << cc.causal;
-            EXPECT_TRUE(bitwise_equal(a.probs, b.probs)) << "Hkv " << Hkv << " causal " << cc.causal;
+            EXPECT_TRUE(same_bits(a.out, b.out)) << "Hkv " << Hkv << " causal " << cc.causal;
+            EXPECT_TRUE(same_bits(a.probs, b.probs)) << "Hkv " << Hkv << " causal " << cc.causal;
             for (float x : a.out) ASSERT_TRUE(std::isfinite(x));
         }
     }
@@ -285,8 +283,8 @@ TEST(ReferenceAttentionCore, CausalEqualsExplicitBooleanMask) {
             }
             const CoreResult got = run_core(c.inputs(), 0.25f, true, alignment);
             const CoreResult want = run_core(explicit_mask.inputs(), 0.25f, false, alignment);
-            EXPECT_TRUE(bitwise_equal(got.out, want.out)) << "Lq " << Lq << " Lk " << Lk << " " << int(alignment);
-            EXPECT_TRUE(bitwise_equal(got.probs, want.probs)) << "Lq " << Lq << " Lk " << Lk << " " << int(alignment);
+            EXPECT_TRUE(same_bits(got.out, want.out)) << "Lq " << Lq << " Lk " << Lk << " " << int(alignment);
+            EXPECT_TRUE(same_bits(got.probs, want.probs)) << "Lq " << Lq << " Lk " << Lk << " " << int(alignment);
             // Bottom-right with Lq > Lk: queries i < Lq − Lk see nothing.
             const std::size_t blind_expected =
                 alignment == CausalAlignment::bottom_right && Lq > Lk ? Lq - Lk : 0;
@@ -326,8 +324,8 @@ TEST(ReferenceAttentionCore, MaskedKeyNaNRowsNeverContribute) {
     for (const CausalCase& cc : kCausalCases) {
         const CoreResult a = run_core(finite.inputs(), 0.5f, cc.causal, cc.alignment);
         const CoreResult b = run_core(poisoned.inputs(), 0.5f, cc.causal, cc.alignment);
-        EXPECT_TRUE(bitwise_equal(a.out, b.out));
-        EXPECT_TRUE(bitwise_equal(a.probs, b.probs));
+        EXPECT_TRUE(same_bits(a.out, b.out));
+        EXPECT_TRUE(same_bits(a.probs, b.probs));
     }
 }
 
@@ -364,7 +362,7 @@ TEST(ReferenceAttentionCore, StridedLayoutsAgree) {
         mha::reference::attention_core(strided, Heads(out2.data(), B, H, Lq, d, Lq * ors, d, ors), 0.35f, cc.causal,
                                        cc.alignment, probs2.data());
         const CoreResult want = run_core(c.inputs(), 0.35f, cc.causal, cc.alignment);
-        EXPECT_TRUE(bitwise_equal(probs2, want.probs));
+        EXPECT_TRUE(same_bits(probs2, want.probs));
         for (std::size_t b = 0; b < B; ++b)
             for (std::size_t i = 0; i < Lq; ++i) {
                 for (std::size_t h = 0; h < H; ++h)
@@ -501,9 +499,9 @@ TEST(ReferenceDecoderLayer, EqualsComposition) {
         mha::reference::attention_core(core, Heads::blhd(C.data(), B, Lq, H, d), 1.0f / std::sqrt(float(d)), true,
                                        CausalAlignment::top_left, probs.data());
         const auto want = project(C, B * Lq, H * d, layer.wo, E, layer.bo);
-        EXPECT_TRUE(bitwise_equal(out, want));
-        EXPECT_TRUE(bitwise_equal(out_avg, want));
-        EXPECT_TRUE(bitwise_equal(per_head, probs));
+        EXPECT_TRUE(same_bits(out, want));
+        EXPECT_TRUE(same_bits(out_avg, want));
+        EXPECT_TRUE(same_bits(per_head, probs));
         for (std::size_t b = 0; b < B; ++b)
             for (std::size_t x = 0; x < Lq * Lk; ++x) {
                 double mean = 0.0;

@@ -13,14 +13,13 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
 namespace {
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 class BoolMasks : public testing::TestWithParam<mha::Isa> {
 protected:

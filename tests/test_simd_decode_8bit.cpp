@@ -4,14 +4,15 @@
 // q·s_b with the row's float16 scale of block b; fp8: to_float·scale), and the arithmetic and its order are those
 // of float K / V holding them. So the oracle is the float kernel itself on the widened rows, and the check is
 // bitwise equality, a NaN equal to any NaN (the float kernel has its own error bounds in
-// test_simd_decode_kernels.cpp). A lane read
-// from the wrong column, a wrong block's scale, a lost tail element, a wrong conversion (every fp8 code is
-// used, NaN and the subnormals included) or a read of padding changes the bits.
-// Covered: M ∈ {1, 2, 3, 4, 5, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 16, 17, 255} × d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31, 32,
-// 33, 63, 64, 80, 128, 129, 300, 544} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and their short
-// last one, more blocks than a vector has lanes), odd row strides and element offsets, fp8 scales 1, 0.37, 3 and 2e36; the padding of every row (after
-// an int8 row's scales too), the rows past n and guards around the buffer hold NaN codes (0x7f / 0xff for
-// fp8, a NaN scale for int8: a read one makes a result NaN); K / V that end at a PROT_NONE page.
+// test_simd_decode_kernels.cpp). A lane read from the wrong column, a wrong block's scale, a lost tail element,
+// a wrong conversion (every fp8 code is used, NaN and the subnormals included) or a read of padding changes the
+// bits.
+// Covered: M ∈ {1, 2, 3, 4, 5, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 16, 17, 255} × d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31,
+// 32, 33, 63, 64, 80, 128, 129, 300, 544} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and
+// their short last one, more blocks than a vector has lanes), odd row strides and element offsets, fp8 scales 1,
+// 0.37, 3 and 2e36; the padding of every row (after an int8 row's scales too), the rows past n and guards around
+// the buffer hold NaN codes (0x7f / 0xff for fp8, a NaN scale for int8: a read one makes a result NaN); K / V
+// that end at a PROT_NONE page.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>

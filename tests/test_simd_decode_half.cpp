@@ -5,11 +5,12 @@
 // on the widened values, and the check is bitwise equality (the float kernel has its own error bounds in
 // test_simd_decode_kernels.cpp). A wrongly widened lane, a lane read from the wrong column, a lost tail
 // element or a read of padding changes the bits.
-// Covered: M ∈ {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17} × n ∈ {1, 2, 3, 4, 5, 15, 16, 17, 255, 256} × d ∈ {1, 3, 7, 8, 9, 15,
-// 16, 17, 31, 32, 33, 64, 80, 128, 129} (every vector width's full and partial vectors, both query and key
-// tiles and their tails) with odd row strides and element offsets; the 16-bit padding of every row, the rows
-// past n and guards around the buffer hold NaN bits (a read one makes a result NaN: no longer equal); s / o
-// padding holds a sentinel that must stay; K / V that end at a PROT_NONE page (a read past the tile faults).
+// Covered: M ∈ {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17} × n ∈ {1, 2, 3, 4, 5, 15, 16, 17, 255, 256} ×
+// d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 80, 128, 129} (every vector width's full and partial vectors,
+// both query and key tiles and their tails) with odd row strides and element offsets; the 16-bit padding of
+// every row, the rows past n and guards around the buffer hold NaN bits (a read one makes a result NaN: no
+// longer equal); s / o padding holds a sentinel that must stay; K / V that end at a PROT_NONE page (a read
+// past the tile faults).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
@@ -97,9 +99,7 @@ struct FloatMat {
     ConstMatrix cview() const { return {buf.data() + kGuard, rows, cols, stride}; }
 };
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 // The kernels on 16-bit K / V of type t.
 void scores(DataType t, float scale, ConstMatrix q, const HalfMat& k, Matrix s) {

@@ -43,6 +43,7 @@
 
 #include <mha/mha.hpp>
 
+#include "compare_util.hpp"
 #include "reference/reference.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
@@ -125,9 +126,7 @@ void fill(Mat& m, std::mt19937& gen, bool spread = false, float lo = -1.0f, floa
         for (std::size_t j = 0; j < m.cols; ++j) m.at(i, j) = spread ? std::ldexp(dist(gen), exp(gen)) : dist(gen);
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
+using mha_test::same_bits;
 
 std::string shape(std::size_t M, std::size_t n, std::size_t d) {
     return "M = " + std::to_string(M) + ", n = " + std::to_string(n) + ", d = " + std::to_string(d) +

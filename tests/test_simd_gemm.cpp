@@ -97,9 +97,7 @@ struct Stored {
 };
 
 // Bitwise equality (the padding holds NaN, which == never matches).
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
+using mha_test::same_bits;
 
 float max_abs(const Stored& m) {
     float r = 0.0f;

@@ -199,28 +199,37 @@ TEST_F(SimdGemmBf16, RowSplitsAreBitwiseEqual) {
 TEST_F(SimdGemmBf16, FewRowsTakeWidePanelsWithTheSameBits) {
     for (std::size_t m : {std::size_t(1), std::size_t(2)})
         for (std::size_t n : {std::size_t(64), std::size_t(128), std::size_t(150), std::size_t(260)})
-            for (std::size_t k : {std::size_t(5), std::size_t(1100), std::size_t(2049)}) {
-                SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
-                const std::size_t big = m + 9, ldc = n + 3;
-                const auto a = random_floats(big * k, 21), w = random_floats(n * k, 22), bias = random_floats(n, 23);
-                auto c0 = random_floats(big * ldc, 24);
-                for (std::size_t i = 0; i < big; ++i)
-                    for (std::size_t j = n; j < ldc; ++j) c0[i * ldc + j] = kSentinel;
-                const mha::simd::Bf16PackedMatrix packed({ConstMatrix(w.data(), n, k)}, Trans::yes);
-                std::vector<float> all = c0, few = c0, few_packed = c0;
-                mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data(), big, k), packed.all(), 0.5f, bias.data(), Matrix(all.data(), big, n, ldc));
-                const std::size_t r0 = 4;  // rows [4, 4 + m) alone
-                mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data() + r0 * k, m, k), packed.all(), 0.5f, bias.data(),
-                                     Matrix(few.data() + r0 * ldc, m, n, ldc));
-                Aligned16 pa(mha::simd::gemm_bf16_packed_a_elements(m, k));
-                mha::simd::pack_a_bf16(ConstMatrix(a.data() + r0 * k, m, k), pa.p);
-                mha::simd::gemm_bf16_packed_a(0.75f, pa.p, m, k, packed.all(), 0.5f, bias.data(), Matrix(few_packed.data() + r0 * ldc, m, n, ldc));
-                for (std::size_t i = 0; i < big; ++i) {
-                    const auto& want = i >= r0 && i < r0 + m ? all : c0;
-                    EXPECT_EQ(std::memcmp(few.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "row " << i;
-                    EXPECT_EQ(std::memcmp(few_packed.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "packed A, row " << i;
+            for (std::size_t k : {std::size_t(5), std::size_t(1100), std::size_t(2049)})
+                for (float beta : {0.5f, 0.0f}) {  // beta 0: C holds NaN, never read
+                    SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " beta " << beta);
+                    const std::size_t big = m + 9, ldc = n + 3;
+                    const auto a = random_floats(big * k, 21), w = random_floats(n * k, 22), bias = random_floats(n, 23);
+                    auto c0 = random_floats(big * ldc, 24);
+                    for (std::size_t i = 0; i < big; ++i)
+                        for (std::size_t j = 0; j < ldc; ++j)
+                            if (j >= n)
+                                c0[i * ldc + j] = kSentinel;
+                            else if (beta == 0.0f)
+                                c0[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+                    const mha::simd::Bf16PackedMatrix packed({ConstMatrix(w.data(), n, k)}, Trans::yes);
+                    std::vector<float> all = c0, few = c0, few_packed = c0;
+                    mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data(), big, k), packed.all(), beta, bias.data(),
+                                         Matrix(all.data(), big, n, ldc));
+                    const std::size_t r0 = 4;  // rows [4, 4 + m) alone
+                    mha::simd::gemm_bf16(0.75f, ConstMatrix(a.data() + r0 * k, m, k), packed.all(), beta, bias.data(),
+                                         Matrix(few.data() + r0 * ldc, m, n, ldc));
+                    Aligned16 pa(mha::simd::gemm_bf16_packed_a_elements(m, k));
+                    mha::simd::pack_a_bf16(ConstMatrix(a.data() + r0 * k, m, k), pa.p);
+                    mha::simd::gemm_bf16_packed_a(0.75f, pa.p, m, k, packed.all(), beta, bias.data(),
+                                                  Matrix(few_packed.data() + r0 * ldc, m, n, ldc));
+                    for (std::size_t i = r0; i < r0 + m; ++i)
+                        for (std::size_t j = 0; j < n; ++j) ASSERT_FALSE(std::isnan(all[i * ldc + j])) << "(" << i << ", " << j << ")";
+                    for (std::size_t i = 0; i < big; ++i) {
+                        const auto& want = i >= r0 && i < r0 + m ? all : c0;
+                        EXPECT_EQ(std::memcmp(few.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "row " << i;
+                        EXPECT_EQ(std::memcmp(few_packed.data() + i * ldc, want.data() + i * ldc, ldc * 4), 0) << "packed A, row " << i;
+                    }
                 }
-            }
 }
 
 // A packed once (pack_a_bf16) and used by calls on column blocks of B gives the bits of gemm_bf16 on the whole:

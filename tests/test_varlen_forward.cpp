@@ -49,7 +49,7 @@ std::vector<float> alone(const mha::MultiheadAttention& m, const float* x, std::
     return y;
 }
 
-bool same_bits(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+using mha_test::same_bits;
 
 // The sequences packed in `order` into rows of stride `stride` >= E; returns y (stride `stride`) and the starts.
 std::vector<float> run_packed(const mha::MultiheadAttention& m, const std::vector<std::vector<float>>& x,

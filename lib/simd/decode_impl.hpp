@@ -13,25 +13,25 @@
 // with the query rows (and o) hot in L1.
 // scores: a register tile of query rows × key rows (ScoresShapes; AVX-512: 4 × 4 zmm accumulators; AVX2,
 //   SSE2 and NEON 2 × 4; AVX2 with M > 2: 4 × 2 for 8-bit keys, 4 × 3 for 16-bit keys) runs along d,
-//   lane l summing the columns c ≡ l (mod W) in order (the last, partial vector with masked or buffered loads, zeros in the missing
-//   lanes). Then one transposed reduction turns the accumulators into sums with the same fixed tree for
-//   every sum: per 128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3) (AVX2:
-//   b0 + b1). Missing rows or keys of a tail tile are zero accumulators, so every s[m, j] is bitwise the
-//   same whatever M and n are, whatever the tile's shape and wherever it sits in it. Loop order: blocks of
+//   lane l summing the columns c ≡ l (mod W) in order (the last, partial vector with masked or buffered loads,
+//   zeros in the missing lanes). Then one transposed reduction turns the accumulators into sums with the same
+//   fixed tree for every sum: per 128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) +
+//   (b1 + b3) (AVX2: b0 + b1). Missing rows or keys of a tail tile are zero accumulators, so every s[m, j] is
+//   bitwise the same whatever M and n are, whatever the tile's shape and wherever it sits in it. Loop order: blocks of
 //   MQ query rows (kScoresQueryFloats, stay in L1), then key blocks of a tile's key rows (read from memory
 //   for the first query tile, from L1 for the others, from L2 for the next query block), then the query
 //   tiles.
 // accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2,
 //   AVX2 with 16-bit V 4 × 3, or 2 × 4 when M <= 2 and V is not float) starts from o, adds p[m, j]·v[j, c]
-//   for j = 0, 1, ... in order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own lane: the
-//   result is the sequential sum ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column
+//   for j = 0, 1, ... in order (one FMA each where the ISA has FMA), and is stored back. Each o[m, c] is its own
+//   lane: the result is the sequential sum ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column
 //   tiling, and any split of n into consecutive calls. Loop order: chunks of J rows of V (they stay in
 //   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
 //   from L1.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
-//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead), in the caller's reading
-//   order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a
-//   paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)
+//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more), in the caller's
+//   reading order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block
+//   of a paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)
 //   streams far slower through the hardware prefetchers, and they restart at every block of a paged cache
 //   and fetch past its end; reading ahead by prefetch measured 1.3-1.6× faster than reading each row's
 //   lines in address order just before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
@@ -98,6 +98,10 @@ using gemm_detail::unroll;
 template <class Arch>
 using batch = xsimd::batch<float, Arch>;
 
+// AVX2 with K / V of 8 or 16 bits: the tiles that widen elements take more query rows or vectors (see below).
+template <class Arch, class T, std::size_t Bytes>
+inline constexpr bool kAvx2Narrow = std::is_same_v<Arch, arch_avx2> && sizeof(T) == Bytes;
+
 template <class Arch>
 struct DecodeTiles {
     static constexpr std::size_t W = batch<Arch>::size;
@@ -116,7 +120,7 @@ struct DecodeTiles {
     // Vectors per tile with more than FEW_ROWS rows: AVX2 with 16-bit V 4 × 3 (+ 3 + 1 of 16): 12 FMA chains
     // instead of 8 hide the FMA latency (bf16, M 4, d 128 on Zen 2: accumulate 7.1 -> 6.5 ms).
     template <class T>
-    static constexpr std::size_t nv_many() noexcept { return std::is_same_v<Arch, arch_avx2> && sizeof(T) == 2 ? 3 : NV; }
+    static constexpr std::size_t nv_many() noexcept { return kAvx2Narrow<Arch, T, 2> ? 3 : NV; }
 };
 
 // A scores tile: Rows query rows × Keys key rows of accumulators (at most QB × KB), plus Keys key vectors and a
@@ -135,8 +139,8 @@ struct TileShape {
 template <class Arch, class T>
 struct ScoresShapes {
     using Wide = TileShape<batch<Arch>::size == 16 ? 4 : 2, 4>;
-    using Tall = std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 1, TileShape<4, 2>,
-                                    std::conditional_t<std::is_same_v<Arch, arch_avx2> && sizeof(T) == 2, TileShape<4, 3>, Wide>>;
+    using Tall = std::conditional_t<kAvx2Narrow<Arch, T, 1>, TileShape<4, 2>,
+                                    std::conditional_t<kAvx2Narrow<Arch, T, 2>, TileShape<4, 3>, Wide>>;
     static_assert(Wide::rows <= DecodeTiles<Arch>::QB && Tall::rows <= DecodeTiles<Arch>::QB, "tiles fit the accumulators");
 };
 

@@ -85,9 +85,17 @@ struct Bf16Gemm {
                 if (j >= out.n) return;
                 const __mmask16 mk = out.n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (out.n - j)) - 1);
                 float* c = out.c + i * out.ldc + j;
-                __m512 r = _mm512_mul_ps(acc[i][v], alpha);
-                if (out.beta != 0.0f) r = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c), r);
-                if (out.bias != nullptr) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mk, out.bias + j));
+                // Every product and sum explicit, as in gemm_microkernel.hpp's store_vector: -ffp-contract would
+                // fuse alpha·acc + bias in some tile shapes and not in others, and rows alone would then differ in
+                // the last bit from the same rows in a longer call.
+                __m512 r;
+                if (out.beta != 0.0f) {
+                    r = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mk, c), _mm512_mul_ps(acc[i][v], alpha));
+                    if (out.bias != nullptr) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mk, out.bias + j));
+                } else {
+                    r = out.bias != nullptr ? _mm512_fmadd_ps(acc[i][v], alpha, _mm512_maskz_loadu_ps(mk, out.bias + j))
+                                            : _mm512_mul_ps(acc[i][v], alpha);
+                }
                 _mm512_mask_storeu_ps(c, mk, r);
             });
         });

@@ -48,6 +48,25 @@ struct Bf16GemmDriver {
     // spread 3.04 -> 2.32 and 7.41 -> 5.64).
     static constexpr bool kPrefetchesPanels = requires { Kernel::prefetch_l2(nullptr, std::size_t{1}); };
     static constexpr bool kReadsAheadInTiles = requires { &Kernel::panel_reading_ahead; };
+    static_assert(kPrefetchesPanels != kReadsAheadInTiles, "a kernel reads the next B panel ahead one way");
+    // Row panel r of np reads ahead bytes [kp·share_start, kp·(share_start + share_step)) of the next panel's
+    // k-block (kp·128 bytes), share_step per k-pair: equal shares, the last one the rest, so that together they
+    // cover the block and no step skips a cache line (the kernel asks two lines per step above 64 bytes).
+    static constexpr std::size_t kPairBytes = 2 * NR * 2;
+    static constexpr std::size_t share_start(std::size_t np, std::size_t r) noexcept { return r * (kPairBytes / np); }
+    static constexpr std::size_t kp_share_step(std::size_t np, std::size_t r) noexcept {
+        return r + 1 == np ? kPairBytes - r * (kPairBytes / np) : kPairBytes / np;
+    }
+    static constexpr bool shares_cover(std::size_t np) noexcept {
+        std::size_t end = 0;
+        for (std::size_t r = 0; r < np; ++r) {
+            if (share_start(np, r) != end || kp_share_step(np, r) > 128) return false;
+            end += kp_share_step(np, r);
+        }
+        return end == kPairBytes;
+    }
+    static_assert(shares_cover(1) && shares_cover(2) && shares_cover(3) && shares_cover(4) && kFewRowPanels == 4,
+                  "the read-ahead shares tile the next panel's k-block");
     static constexpr bool kHasWide = requires { Kernel::wide_panels(std::size_t{1}); };
     static constexpr std::size_t wide_panels(std::size_t m) noexcept {
         if constexpr (kHasWide)
@@ -146,12 +165,11 @@ struct Bf16GemmDriver {
                     } else if (kReadsAheadInTiles && j0 + NR < N) {
                         // The next panel's k-block (kp pairs of 128 bytes) in np shares, one per row panel's tile.
                         const auto* next = reinterpret_cast<const char*>(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR);
-                        const std::size_t step = 2 * NR * 2 / np;
                         for (std::size_t r = 0; r < np; ++r) {
                             const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
                             if constexpr (kReadsAheadInTiles)
                                 Kernel::panel_reading_ahead(m, NR, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR,
-                                                            tile_out(i0, j0, NR), next + r * kp * step, step);
+                                                            tile_out(i0, j0, NR), next + kp * share_start(np, r), kp_share_step(np, r));
                         }
                     } else {
                         for (std::size_t r = 0; r < np; ++r) run_panel(r, j0, min_size(NR, N - j0));

@@ -80,9 +80,15 @@ struct NeonBf16Gemm {
                                                             std::size_t j0) noexcept {
         if (j0 >= out.n) return;
         const std::size_t cnt = min_size(4, out.n - j0);
-        float32x4_t r = vmulq_n_f32(acc, out.alpha);
-        if (out.beta != 0.0f) r = vfmaq_n_f32(r, load_partial(c + j0, cnt), out.beta);
-        if (out.bias != nullptr) r = vaddq_f32(r, load_partial(out.bias + j0, cnt));
+        // Every product and sum explicit (as gemm_microkernel.hpp's store_vector: -ffp-contract could fuse
+        // alpha·acc + bias in one tile shape and not another).
+        float32x4_t r;
+        if (out.beta != 0.0f) {
+            r = vfmaq_n_f32(vmulq_n_f32(acc, out.alpha), load_partial(c + j0, cnt), out.beta);
+            if (out.bias != nullptr) r = vaddq_f32(r, load_partial(out.bias + j0, cnt));
+        } else {
+            r = out.bias != nullptr ? vfmaq_n_f32(load_partial(out.bias + j0, cnt), acc, out.alpha) : vmulq_n_f32(acc, out.alpha);
+        }
         if (cnt == 4) return vst1q_f32(c + j0, r);
         vst1q_lane_f32(c + j0, r, 0);
         if (cnt > 1) vst1q_lane_f32(c + j0 + 1, r, 1);

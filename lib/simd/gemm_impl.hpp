@@ -85,7 +85,7 @@ struct Gemm {
             // Few rows (a decode step's projections): kWidePanels full panels per tile, for enough FMA chains.
             const auto wide = m == 1 ? &gemm_microkernel_wide<Arch, 1, NV, ALayout::row_major, BT, kWidePanels>
                                      : &gemm_microkernel_wide<Arch, 2, NV, ALayout::row_major, BT, kWidePanels / 2>;
-            const std::size_t step = m == 1 ? kWidePanels : kWidePanels / 2;
+            const std::size_t step = kWidePanels / m;  // panels per tile
             for (; j0 + step * NR <= nc; j0 += step * NR, jr += step) {  // full panels only
                 const GemmTileOut out{c + j0, ldc, step * NR, alpha, beta, bias != nullptr ? bias + j0 : nullptr};
                 wide(kc, a, lda, b.base + jr * b.panel_step, b.ldb, b.panel_step, out);

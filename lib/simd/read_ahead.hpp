@@ -1,4 +1,4 @@
-// Software read-ahead for the decode kernels (decode_impl.hpp, decode_bf16_avx512bf16.cpp): the stream of
+// Software read-ahead for the decode kernels (decode_impl.hpp): the stream of
 // rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
 // distance ahead in it. Templates on Arch, so that no copy compiled with one ISA's flags serves another's path.
 #pragma once
