@@ -17,8 +17,8 @@
 //   zeros in the missing lanes). Then one transposed reduction turns the accumulators into sums with the same
 //   fixed tree for every sum: per 128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) +
 //   (b1 + b3) (AVX2: b0 + b1). Missing rows or keys of a tail tile are zero accumulators, so every s[m, j] is
-//   bitwise the same whatever M and n are, whatever the tile's shape and wherever it sits in it. Loop order: blocks of
-//   MQ query rows (kScoresQueryFloats, stay in L1), then key blocks of a tile's key rows (read from memory
+//   bitwise the same whatever M and n are, whatever the tile's shape and wherever it sits in it. Loop order:
+//   blocks of MQ query rows (kScoresQueryFloats, stay in L1), then key blocks of a tile's key rows (read from memory
 //   for the first query tile, from L1 for the others, from L2 for the next query block), then the query
 //   tiles.
 // accumulate: a register tile of MB query rows × NV vectors of d (AVX-512: 4 × 4 zmm; AVX2 and SSE2: 4 × 2,
@@ -29,9 +29,9 @@
 //   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
 //   from L1.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
-//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more), in the caller's
-//   reading order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block
-//   of a paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)
+//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more), in the
+//   caller's reading order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next
+//   block of a paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)
 //   streams far slower through the hardware prefetchers, and they restart at every block of a paged cache
 //   and fetch past its end; reading ahead by prefetch measured 1.3-1.6× faster than reading each row's
 //   lines in address order just before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
@@ -84,10 +84,10 @@ constexpr std::size_t kScoresPrefetchTiles = 4;
 constexpr std::size_t kChunkBytesFew = 4096;
 constexpr std::size_t kChunkFloatsMany = 4096;
 constexpr std::size_t kFewQueryTiles = 2;
-// Distance of the read-ahead, in bytes of rows (see the header), and its cap in rows where fewer rows are ahead
-// (a paged cache's smallest block; row_stream). Capped at 16 rows whatever the rows ahead, 16-bit and 8-bit rows
-// were read only 4 KB / 2 KB ahead: on one Zen 5 core the bf16 core of 16 decodes around 2048 keys in blocks of 64 took
-// 6.21 ms, 4.89 with 32 rows ahead (int8 6.09 -> 5.12).
+// Distance of the read-ahead, in bytes of rows (see the header), and its cap in rows where fewer rows are
+// ahead (a paged cache's smallest block; row_stream). Capped at 16 rows whatever the rows ahead, 16-bit and
+// 8-bit rows were read only 4 KB / 2 KB ahead: on one Zen 5 core the bf16 core of 16 decodes around 2048 keys
+// in blocks of 64 took 6.21 ms, 4.89 with 32 rows ahead (int8 6.09 -> 5.12).
 constexpr std::size_t kAheadBytes = 8192;
 constexpr std::size_t kAheadMaxRows = 16;
 }  // namespace

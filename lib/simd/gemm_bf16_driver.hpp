@@ -39,7 +39,6 @@ struct Bf16GemmDriver {
     static constexpr std::size_t kFewRowPanels = 4;
 
     static std::size_t min_size(std::size_t a, std::size_t b) noexcept { return b < a ? b : a; }
-    // Full B panels per tile for M rows: Kernel::wide_panels(M) where the kernel has wide tiles, else 0 (none).
     // How the few-rows loop asks the next B panel into L2 while one is computed: in a burst before the panel's
     // tiles (Kernel::prefetch_l2; NEON), or a share of it along each row panel's tile (Kernel::panel_reading_ahead;
     // AVX-512). On Zen 5 the burst of 1024 line prefetches per 64 KB k-block slowed the projections, and spread
@@ -67,6 +66,7 @@ struct Bf16GemmDriver {
     }
     static_assert(shares_cover(1) && shares_cover(2) && shares_cover(3) && shares_cover(4) && kFewRowPanels == 4,
                   "the read-ahead shares tile the next panel's k-block");
+    // Full B panels per tile for M rows: Kernel::wide_panels(M) where the kernel has wide tiles, else 0 (none).
     static constexpr bool kHasWide = requires { Kernel::wide_panels(std::size_t{1}); };
     static constexpr std::size_t wide_panels(std::size_t m) noexcept {
         if constexpr (kHasWide)
@@ -146,9 +146,16 @@ struct Bf16GemmDriver {
             auto tile_out = [&](std::size_t i0, std::size_t j0, std::size_t n) {
                 return GemmTileOut{c.data + i0 * c.stride + j0, c.stride, n, alpha, beta_k, bias_k != nullptr ? bias_k + j0 : nullptr};
             };
-            auto run_panel = [&](std::size_t r, std::size_t j0, std::size_t n) {
+            // Row panel r × the B panel at column j0; with `next` (the following panel's k-block) and a kernel that
+            // reads ahead in its tiles, the row panel's share of it is asked into L2 meanwhile.
+            auto run_panel = [&](std::size_t r, std::size_t j0, std::size_t n, const char* next = nullptr) {
                 const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                Kernel::panel(m, n, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR, tile_out(i0, j0, n));
+                const std::uint16_t* panel = b.data + j0 / NR * b.panel_stride + pc * NR;
+                if constexpr (kReadsAheadInTiles)
+                    if (next != nullptr)
+                        return Kernel::panel_reading_ahead(m, n, kp, ap + r * MR * kp, panel, tile_out(i0, j0, n),
+                                                           next + kp * share_start(np, r), kp_share_step(np, r));
+                Kernel::panel(m, n, kp, ap + r * MR * kp, panel, tile_out(i0, j0, n));
             };
             if (np <= kFewRowPanels) {
                 // Few rows (a decode step's projections): each B panel, streamed from memory once, serves every
@@ -157,22 +164,14 @@ struct Bf16GemmDriver {
                 const std::size_t wide = wide_panels(M);
                 for (std::size_t j0 = 0; j0 < N;) {
                     const std::size_t take = wide != 0 && j0 + wide * NR <= N ? wide : 1;
+                    const auto* next = j0 + NR < N ? reinterpret_cast<const char*>(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR) : nullptr;
                     if constexpr (kPrefetchesPanels)
-                        if (j0 + NR < N) Kernel::prefetch_l2(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR, kp * 2 * NR * 2);
+                        if (next != nullptr) Kernel::prefetch_l2(next, kp * kPairBytes);
                     if (take > 1) {
                         if constexpr (kHasWide)
                             Kernel::wide(M, kp, ap, b.data + j0 / NR * b.panel_stride + pc * NR, b.panel_stride, tile_out(0, j0, take * NR));
-                    } else if (kReadsAheadInTiles && j0 + NR < N) {
-                        // The next panel's k-block (kp pairs of 128 bytes) in np shares, one per row panel's tile.
-                        const auto* next = reinterpret_cast<const char*>(b.data + (j0 / NR + 1) * b.panel_stride + pc * NR);
-                        for (std::size_t r = 0; r < np; ++r) {
-                            const std::size_t i0 = r * M / np, m = (r + 1) * M / np - i0;
-                            if constexpr (kReadsAheadInTiles)
-                                Kernel::panel_reading_ahead(m, NR, kp, ap + r * MR * kp, b.data + j0 / NR * b.panel_stride + pc * NR,
-                                                            tile_out(i0, j0, NR), next + kp * share_start(np, r), kp_share_step(np, r));
-                        }
                     } else {
-                        for (std::size_t r = 0; r < np; ++r) run_panel(r, j0, min_size(NR, N - j0));
+                        for (std::size_t r = 0; r < np; ++r) run_panel(r, j0, min_size(NR, N - j0), next);
                     }
                     j0 += take * NR;
                 }
