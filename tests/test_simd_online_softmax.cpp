@@ -1,8 +1,10 @@
 // simd::softmax_tile_online on every ISA the machine has, against a double computation: lengths
-// around the vector width, masks, n_valid < n, a running max that grows, stays, or is -inf.
+// around the vector width, masks, n_valid < n, a running max that grows, stays, or is -inf. simd::scale_row
+// (the accumulator's rescale) against the plain loop, bitwise, over every tail.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -100,6 +102,26 @@ TEST_P(OnlineSoftmax, UnscaledUnmasked) {
                     << "n=" << n << " j=" << j;
             }
             ASSERT_NEAR(sum, want_sum, 1e-6 * want_sum) << "n=" << n;
+        }
+    }
+}
+
+// One product per entry: the plain loop's bits, NaN and ±inf and subnormals included; nothing past n written.
+TEST_P(OnlineSoftmax, ScaleRowIsThePlainLoop) {
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (float alpha : {0.0f, 0.3712f, 1.0f, 1e-30f, -2.5f}) {
+        for (std::size_t n = 0; n <= 70; ++n) {
+            std::vector<float> x(n + 3);
+            for (auto& v : x) v = u(rng);
+            if (n > 2) x[1] = kInf, x[2] = std::numeric_limits<float>::quiet_NaN(), x[n - 1] = 1e-40f;
+            std::vector<float> want = x;
+            for (std::size_t j = 0; j < n; ++j) want[j] *= alpha;
+            mha::simd::scale_row(x.data(), n, alpha);
+            for (std::size_t j = 0; j < n + 3; ++j) {
+                const bool same = std::isnan(want[j]) ? std::isnan(x[j]) : std::memcmp(&x[j], &want[j], 4) == 0;
+                ASSERT_TRUE(same) << "alpha=" << alpha << " n=" << n << " j=" << j << ": " << x[j] << " vs " << want[j];
+            }
         }
     }
 }

@@ -141,8 +141,7 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
                 // The max grew: rescale what was accumulated under the old max (nothing if it was -inf).
                 const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[row]);
                 row_sum[row] *= alpha;
-                float* orow = o.row(row);
-                for (std::size_t col = 0; col < d; ++col) orow[col] *= alpha;
+                simd::scale_row(o.row(row), d, alpha);
             }
             row_sum[row] += tile_sum;
         }

@@ -1,4 +1,4 @@
-// Kernel functor of simd::softmax_tile_online (see simd.hpp), one instantiation per ISA.
+// Kernel functors of simd::softmax_tile_online and simd::scale_row (see simd.hpp), one instantiation per ISA.
 #pragma once
 #include <cstddef>
 
@@ -13,11 +13,17 @@ struct softmax_tile_online_kernel {
                      MaskRow mask1, float& running_max, ScoreRowModifiers mods) const noexcept;
 };
 
-// The instantiation of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
+struct scale_row_kernel {
+    template <class Arch>
+    void operator()(Arch, float* x, std::size_t n, float alpha) const noexcept;
+};
+
+// The instantiations of one Arch (PREFIX: extern, or empty in the generated TU of that Arch).
 #define MHA_ONLINE_SOFTMAX_INSTANTIATE(PREFIX, ARCH)                                                           \
     PREFIX template float softmax_tile_online_kernel::operator()<ARCH>(ARCH, float*, std::size_t, std::size_t, \
                                                                        float, MaskRow, MaskRow, float&,             \
-                                                                       ScoreRowModifiers) const noexcept;
+                                                                       ScoreRowModifiers) const noexcept;           \
+    PREFIX template void scale_row_kernel::operator()<ARCH>(ARCH, float*, std::size_t, float) const noexcept;
 #define MHA_ONLINE_SOFTMAX_EXTERN_(isa, arch, suffix) MHA_ONLINE_SOFTMAX_INSTANTIATE(extern, arch)
 MHA_SIMD_ARCHS(MHA_ONLINE_SOFTMAX_EXTERN_)
 #undef MHA_ONLINE_SOFTMAX_EXTERN_

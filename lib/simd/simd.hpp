@@ -51,6 +51,9 @@ void softmax_row(float* x, std::size_t n, std::size_t n_valid, float scale, Mask
 float softmax_tile_online(float* x, std::size_t n, std::size_t n_valid, float scale, MaskRow mask0, MaskRow mask1,
                           float& running_max, ScoreRowModifiers mods = {}) noexcept;
 
+// x[0, n) *= alpha (the online softmax's rescale of an accumulator row when the max grows): the bits of the plain loop.
+void scale_row(float* x, std::size_t n, float alpha) noexcept;
+
 // The score modifiers alone on x[0, n) (what the softmax kernels apply before the masks; for tests and any path
 // that needs modified scores without a softmax).
 void modify_scores(float* x, std::size_t n, ScoreRowModifiers mods) noexcept;
