@@ -7,10 +7,12 @@
 //   ISA of this CPU (sse2, avx2, avx512, neon widen bf16 to the fp32 kernels; avx512_bf16 runs vdpbf16ps,
 //   neon_bf16 BFDOT) and every
 //   impl: BERT-like self-attention with post-norm, GQA + RoPE causal, cross-attention with kdim / vdim,
-//   masks, need_weights, KV cache decode steps, odd sizes and tails (E, d not multiples of 16, odd K, Lk 257).
+//   masks, need_weights, KV cache decode steps, odd sizes and tails (E, d not multiples of 16, odd K, Lk 257),
+//   narrow heads (d 8: bf16 panels wider than the fp32 ones) on the grouped path.
 // Inputs and weights: uniform, like nn.Linear's init (±gain/√fan_in) and inputs in [-1, 1]; fixed seeds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <cmath>
@@ -21,9 +23,11 @@
 
 #include <mha/mha.hpp>
 
+#include "attention/attention_core.hpp"
 #include "attention_test_util.hpp"
 #include "bf16_test_util.hpp"
 #include "compare_util.hpp"
+#include "simd/gemm_bf16.hpp"
 
 namespace {
 
@@ -154,6 +158,8 @@ const Case kCases[] = {
      .tells_fp32 = true},
     {.name = "cross-attention over one memory token (Lk = 1), G=2, E=128 d=40", .E = 128, .H = 4, .Hkv = 2, .d = 40, .B = 2,
      .Lq = 13, .Lk = 1, .tells_fp32 = true},
+    {.name = "narrow heads d=8 (bf16 V panels wider than NEON's fp32 ones), G=4, B=2, Lq=37, causal", .E = 32, .H = 4,
+     .Hkv = 1, .d = 8, .B = 2, .Lq = 37, .self = true, .causal = true},
 };
 
 constexpr mha::Impl kImpls[] = {mha::Impl::automatic, mha::Impl::materialized, mha::Impl::fused};
@@ -459,6 +465,31 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
             n += lq;
         }
     }, /*with_bf16=*/true);
+}
+
+// The grouped path's per-call regions for K_hᵀ and V_h hold every (batch, KV head)'s bf16 panels where the
+// bf16 kernels run (core_grouped.cpp packs them there, a head every Bf16Panels::elements apart), not only
+// the fp32 panels of this CPU's ISAs: bf16 panels are 32 columns wide, so V_h [Lk, d] with d < 16 takes more
+// than NEON's fp32 panels of 8 columns (16·Lk floats against 8·Lk at d 8), and a region sized for those
+// let the last heads' values run into the per-thread slots, which the tasks then overwrite (wrong outputs
+// that depended on the scratch layout: a sequence alone differed from the same one in a varlen batch).
+TEST(Bf16Simd, GroupedScratchHoldsTheBf16Panels) {
+    using mha::detail::CoreLayout;
+    using mha::simd::Bf16Panels;
+    if (!mha::has_bf16_kernels(mha::detected_isa())) GTEST_SKIP() << "no bf16 kernels on this CPU";
+    for (std::size_t d : {1, 2, 4, 7, 8, 10, 16, 40})
+        for (std::size_t Lk : {1, 8, 17, 37, 130, 1030})
+            for (std::size_t B : {1, 2}) {
+                SCOPED_TRACE(::testing::Message() << "d " << d << ", Lk " << Lk << ", B " << B);
+                const mha::detail::CoreShape shape{B, 8, 2, d, std::min<std::size_t>(Lk, 40), Lk, mha::DataType::bf16};
+                mha::detail::Carver call, slot;
+                const CoreLayout l = mha::detail::core_layout(shape, mha::detail::CorePath::grouped, mha::NeedWeights::none, call, slot);
+                const std::size_t heads = B * 2;
+                const std::size_t key16 = Bf16Panels::elements(Lk, Bf16Panels::min_panel_stride(d));  // uint16 per head
+                const std::size_t value16 = Bf16Panels::elements(d, Bf16Panels::min_panel_stride(Lk));
+                EXPECT_GE(l.value_panels - l.key_panels, (heads * key16 + 1) / 2) << "K_hᵀ panels";
+                EXPECT_GE(call.total - l.value_panels, (heads * value16 + 1) / 2) << "V_h panels";
+            }
 }
 
 }  // namespace

@@ -18,6 +18,13 @@ std::size_t panel_floats(Isa isa, std::size_t k, std::size_t n) {
     return scratch_mul((n + nr - 1) / nr, (scratch_mul(k, nr) + 15) / 16 * 16);
 }
 
+// Floats of one head's bf16 panels (Bf16Panels: ceil(n / 32) panels of ceil(k / 2) pairs × 32 columns, 4 bytes
+// a pair): Bf16Panels::elements(n, Bf16Panels::min_panel_stride(k)) / 2, checked.
+std::size_t bf16_panel_floats(std::size_t k, std::size_t n) {
+    constexpr std::size_t nr = simd::kBf16PanelWidth;
+    return scratch_mul((n + nr - 1) / nr, scratch_mul((k + 1) / 2, nr));
+}
+
 }  // namespace
 
 std::size_t scratch_mul(std::size_t a, std::size_t b) {
@@ -61,6 +68,15 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
             key_floats = std::max(key_floats, panel_floats(isa, s.d, s.Lk));    // K_hᵀ: [d, Lk]
             value_floats = std::max(value_floats, panel_floats(isa, s.Lk, s.d));  // V_h: [Lk, d]
         }
+        // bf16: the same matrices in bf16 panels (GroupedPanels, a head every Bf16Panels::elements apart). Half
+        // the bytes per element, but every panel 32 columns wide: more than an fp32 ISA's panels of narrower
+        // columns when the panels are mostly padding, e.g. V_h with d < 16 on NEON (fp32 panels 8 wide: 8·Lk
+        // floats at d 8, in bf16 16·Lk), whose last heads then ran past the region into the threads' slots.
+        const bool bf16 = s.compute == DataType::bf16 && has_bf16_kernels(detected_isa());
+        if (bf16) {
+            key_floats = std::max(key_floats, bf16_panel_floats(s.d, s.Lk));
+            value_floats = std::max(value_floats, bf16_panel_floats(s.Lk, s.d));
+        }
         l.key_panels = call.take(scratch_mul(scratch_mul(s.B, s.Hkv), key_floats));
         l.value_panels = call.take(scratch_mul(scratch_mul(s.B, s.Hkv), value_floats));
         const std::size_t G = s.H / s.Hkv, m = G * group_query_rows(G, s.Lq);
@@ -69,8 +85,8 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
         accumulator = scratch_mul(m, s.d);
         row_stats = scratch_mul(2, m);
         if (s.widen_rows) widen = scratch_mul(2 * kGroupedPackBlock, s.d);
-        // bf16 panels take at most half the floats of the fp32 ones sized above; the A pack buffer is per thread.
-        if (s.compute == DataType::bf16 && has_bf16_kernels(detected_isa())) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
+        // bf16: the A pack buffer, per thread.
+        if (bf16) gemm16 = simd::gemm_bf16_scratch(m, std::max(s.d, kKeyTile)) / 2 + 1;
     } else {
         // per_head writes the probabilities straight into attn_weights.
         scores = need_weights == NeedWeights::per_head ? 0 : scratch_mul(kQueryBlock, s.Lk);
