@@ -137,9 +137,10 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
             const std::size_t t = row / rows, i = i0 + row % rows;
             const float old_max = row_max[row];
             const float tile_sum = c.softmax_tile(b, kvh * G + t, i, j0, st.row(row), kt, row_max[row]);
-            if (row_max[row] != old_max) {
-                // The max grew: rescale what was accumulated under the old max (nothing if it was -inf).
-                const float alpha = old_max == kMinusInf ? 0.0f : std::exp(old_max - row_max[row]);
+            if (row_max[row] != old_max && old_max != kMinusInf) {
+                // The max grew: rescale what was accumulated under the old max. Under a max of -inf every p was 0,
+                // so o and the sum are still 0 (or NaN from a NaN score or 0·inf), which a rescale by 0 keeps.
+                const float alpha = std::exp(old_max - row_max[row]);
                 row_sum[row] *= alpha;
                 simd::scale_row(o.row(row), d, alpha);
             }
