@@ -51,7 +51,7 @@ TEST_P(RoundBf16, BitwiseTheScalarConversion) {
     std::mt19937 rng(17);
     std::uniform_int_distribution<std::uint32_t> any;
     std::size_t cases = 0;
-    for (std::size_t offset : {0, 1, 3}) {
+    for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
         for (std::size_t n = 0; n <= 70; ++n) {
             std::vector<float> x(offset + n + 5);
             for (std::size_t i = 0; i < x.size(); ++i) {

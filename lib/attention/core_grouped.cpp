@@ -139,7 +139,8 @@ void grouped_task(const CoreContext& c, const GroupedPanels& panels, std::size_t
             const float tile_sum = c.softmax_tile(b, kvh * G + t, i, j0, st.row(row), kt, row_max[row]);
             if (row_max[row] != old_max && old_max != kMinusInf) {
                 // The max grew: rescale what was accumulated under the old max. Under a max of -inf every p was 0,
-                // so o and the sum are still 0 (or NaN from a NaN score or 0·inf), which a rescale by 0 keeps.
+                // so o is still 0 (or NaN from 0·inf or 0·NaN in V) and the sum 0 (or NaN from a NaN score): a
+                // rescale by 0 would keep them.
                 const float alpha = std::exp(old_max - row_max[row]);
                 row_sum[row] *= alpha;
                 simd::scale_row(o.row(row), d, alpha);

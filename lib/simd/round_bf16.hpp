@@ -22,11 +22,7 @@ MHA_SIMD_ARCHS(MHA_ROUND_BF16_EXTERN_)
 #undef MHA_ROUND_BF16_EXTERN_
 
 void round_to_bf16_inplace(float* x, std::size_t n) noexcept;
-
-// Every element of a row-major view.
-inline void round_to_bf16_inplace(Matrix x) noexcept {
-    if (x.stride == x.cols) return round_to_bf16_inplace(x.data, x.rows * x.cols);
-    for (std::size_t r = 0; r < x.rows; ++r) round_to_bf16_inplace(x.row(r), x.cols);
-}
+// Every element of a row-major view. (Out of line: an inline function here would be compiled into every ISA TU.)
+void round_to_bf16_inplace(Matrix x) noexcept;
 
 }  // namespace mha::simd

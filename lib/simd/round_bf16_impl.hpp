@@ -2,12 +2,14 @@
 // generated round_bf16_<isa>.cpp TUs. On the float bits u: u + 0x7FFF + ((u >> 16) & 1), high half kept (nearest
 // even; a carry into the exponent gives the next binade, or inf past the largest bf16); NaN (|u| > inf's bits)
 // keeps its sign and payload's high half, quieted (bit 22 set). Integer operations on 4, 8 or 16 lanes (SSE2, AVX2,
-// AVX-512; NEON 4), then the scalar conversion for the tail: the same bits as round_to_bf16 (mha/half.hpp).
+// AVX-512; NEON 4), then the same formula one element at a time for the tail (not mha::round_to_bf16, an inline
+// function that this TU would compile with its ISA's flags and share with baseline code): the bits of round_to_bf16.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
-#include "mha/half.hpp"
 #include "round_bf16.hpp"
 
 namespace mha::simd {
@@ -69,7 +71,12 @@ void round_bf16_kernel::operator()(Arch, float* x, std::size_t n) const noexcept
         }
     }
 #endif
-    for (; i < n; ++i) x[i] = round_to_bf16(x[i]);
+    for (; i < n; ++i) {
+        std::uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        std::memcpy(x + i, &u, 4);
+    }
 }
 
 }  // namespace mha::simd
