@@ -14,7 +14,10 @@
 // against the K/V bytes of the tokens held at that moment, as a Markdown table, and one JSON object
 // (--json FILE; tools/plot_bench.py --serving FILE draws it).
 // Usage: serving_sim [--embed E --heads H --kv-heads HKV --head-dim D --requests R --prompt P0:P1 --output O0:O1
-//                     --max-running N --token-budget T --block-size BS --threads N --seed S --json FILE]
+//                     --max-running N --token-budget T --block-size BS --dtype f32|bf16 --kv-type T --threads N
+//                     --seed S --json FILE]
+// --dtype: the layer's compute (bf16: bf16 weights, on the bf16 kernels where the CPU has them); --kv-type: the
+// caches' element type (f32, bf16, f16, int8, fp8_e4m3, fp8_e5m2; fp8 with scales 1). Defaults f32 and f32.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +36,7 @@ namespace {
 struct Config {
     std::size_t E = 4096, H = 32, Hkv = 8, d = 128, requests = 64, p0 = 64, p1 = 1024, o0 = 32, o1 = 256;
     std::size_t max_running = 32, budget = 512, block_size = 64;
+    mha::DataType dtype = mha::DataType::f32, kv_type = mha::DataType::f32;
     int threads = 0;
     unsigned seed = 22;
     std::string json;
@@ -64,17 +68,32 @@ mha::MultiheadAttention make_layer(const Config& c, std::vector<float>& x) {
                              wo = fill(c.E * c.H * c.d, a);
     mha::AttentionConfig cfg;
     cfg.embed_dim = c.E, cfg.num_heads = c.H, cfg.num_kv_heads = c.Hkv, cfg.head_dim = c.d, cfg.rope = mha::RopeConfig{};
+    cfg.compute = c.dtype;
     mha::AttentionWeights w;
     w.q_proj_weight = wq.data(), w.k_proj_weight = wk.data(), w.v_proj_weight = wv.data(), w.out_proj_weight = wo.data();
     x = fill(std::max(c.budget + c.max_running, c.max_running * c.p1) * c.E, 1.0f);  // token rows, reused
     return mha::MultiheadAttention(w, cfg);
 }
 
-std::size_t row_bytes(const Config& c) { return 2 * c.Hkv * c.d * sizeof(float); }  // K and V of one token
+// K and V of one token in the caches' element type.
+std::size_t row_bytes(const Config& c) {
+    std::size_t row = c.d * sizeof(float);
+    if (c.kv_type == mha::DataType::bf16 || c.kv_type == mha::DataType::f16) row = 2 * c.d;
+    else if (c.kv_type == mha::DataType::int8) row = mha::int8_row_bytes(c.d);
+    else if (c.kv_type != mha::DataType::f32) row = c.d;  // fp8
+    return 2 * c.Hkv * row;
+}
+
+bool type_arg(const char* s, mha::DataType& t) {
+    for (mha::DataType d : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16, mha::DataType::int8,
+                            mha::DataType::fp8_e4m3, mha::DataType::fp8_e5m2})
+        if (mha::data_type_name(d) == s) return t = d, true;
+    return false;
+}
 
 Result continuous(const Config& c, const mha::MultiheadAttention& m, const std::vector<Request>& reqs, const std::vector<float>& x) {
     const std::size_t bs = c.block_size, per_seq = (c.p1 + c.o1 + bs - 1) / bs;
-    mha::PagedKVCache cache(c.max_running * per_seq, bs, c.Hkv, c.d);
+    mha::PagedKVCache cache(c.max_running * per_seq, bs, c.Hkv, c.d, c.kv_type);
     const std::size_t block_bytes = bs * row_bytes(c);
     struct Running {
         std::size_t req, id, prefilled = 0, generated = 0;
@@ -130,7 +149,7 @@ Result alone(const Config& c, const mha::MultiheadAttention& m, const std::vecto
     std::vector<float> y(c.p1 * c.E);
     const auto t0 = Clock::now();
     for (const Request& r : reqs) {
-        mha::KVCache cache(1, c.Hkv, c.d, r.prompt + r.output);
+        mha::KVCache cache(1, c.Hkv, c.d, r.prompt + r.output, c.kv_type);
         mha::ForwardOptions o;
         o.threads = c.threads;
         mha::AttentionInputs in;
@@ -155,7 +174,7 @@ Result static_batches(const Config& c, const mha::MultiheadAttention& m, const s
             P = std::max(P, reqs[b0 + i].prompt), O = std::max(O, reqs[b0 + i].output);
             held += (reqs[b0 + i].prompt + reqs[b0 + i].output - 1) * row_bytes(c);
         }
-        mha::KVCache cache(B, c.Hkv, c.d, P + O);
+        mha::KVCache cache(B, c.Hkv, c.d, P + O, c.kv_type);
         std::vector<float> y(B * P * c.E);
         mha::ForwardOptions o;
         o.threads = c.threads;
@@ -196,6 +215,8 @@ int main(int argc, char** argv) {
         else if (k == "--json") c.json = v;
         else if (k == "--prompt" && range_arg(v, c.p0, c.p1)) continue;
         else if (k == "--output" && range_arg(v, c.o0, c.o1)) continue;
+        else if (k == "--dtype" && type_arg(v, c.dtype) && (c.dtype == mha::DataType::f32 || c.dtype == mha::DataType::bf16)) continue;
+        else if (k == "--kv-type" && type_arg(v, c.kv_type)) continue;
         else {
             std::fprintf(stderr, "serving_sim: bad argument %s %s (see the top of bench/serving_sim.cpp)\n", argv[i], v);
             return 2;
@@ -216,8 +237,9 @@ int main(int argc, char** argv) {
     (void)alone(c, m, {reqs.front()}, x);  // warm-up: the thread pool, the scratch cache, page faults
     const Result cont = continuous(c, m, reqs, x), one = alone(c, m, reqs, x), stat = static_batches(c, m, reqs, x);
     std::printf("serving_sim: %zu requests, prompts %zu-%zu, outputs %zu-%zu, E %zu H %zu Hkv %zu d %zu, at most %zu running, "
-                "%zu tokens per step, blocks of %zu, isa %s\n\n",
+                "%zu tokens per step, blocks of %zu, dtype %s, kv-type %s, isa %s\n\n",
                 c.requests, c.p0, c.p1, c.o0, c.o1, c.E, c.H, c.Hkv, c.d, c.max_running, c.budget, c.block_size,
+                std::string(mha::data_type_name(c.dtype)).c_str(), std::string(mha::data_type_name(c.kv_type)).c_str(),
                 std::string(mha::isa_name(mha::active_isa())).c_str());
     std::printf("| method | seconds | output tokens/s | vs alone | peak KV MB | tokens held then, MB | peak / held |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
