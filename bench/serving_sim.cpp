@@ -76,13 +76,7 @@ mha::MultiheadAttention make_layer(const Config& c, std::vector<float>& x) {
 }
 
 // K and V of one token in the caches' element type.
-std::size_t row_bytes(const Config& c) {
-    std::size_t row = c.d * sizeof(float);
-    if (c.kv_type == mha::DataType::bf16 || c.kv_type == mha::DataType::f16) row = 2 * c.d;
-    else if (c.kv_type == mha::DataType::int8) row = mha::int8_row_bytes(c.d);
-    else if (c.kv_type != mha::DataType::f32) row = c.d;  // fp8
-    return 2 * c.Hkv * row;
-}
+std::size_t row_bytes(const Config& c) { return 2 * c.Hkv * mha::kv_row_bytes(c.kv_type, c.d); }
 
 bool type_arg(const char* s, mha::DataType& t) {
     for (mha::DataType d : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::f16, mha::DataType::int8,
