@@ -761,6 +761,33 @@ TEST(PagedWindowRelease, GenerationKeepsWindowMemoryAndTheSameBits) {
     });
 }
 
+// Chunked prefill after releases, in blocks of 32 and 64 rows (the grouped path packs fp32 blocks that start a
+// panel in place, and a released block's rows as zeros): bitwise the outputs of a cache that keeps its blocks.
+TEST(PagedWindowRelease, ChunkedPrefillOverReleasedBlocksKeepsTheBits) {
+    const long long left = 39;
+    const Mods mods{left, -1, 0.0f, sinks_for(4, 77), {}};
+    const mha_decode_test::DecoderLayer dl(64, 4, 2, 16, mha::RopeConfig{}, true, false, 78);
+    const mha::MultiheadAttention m = make_layer(dl, mha::DataType::f32, mods);
+    const std::size_t E = 64, chunk = 40, total = 240;
+    const std::vector<float> x = mha_decode_test::uniform(total * E, 1.0f, 79);
+    for (std::size_t bs : {std::size_t(32), std::size_t(64)}) {
+        SCOPED_TRACE("block_size " + std::to_string(bs));
+        mha_test::for_each_cpu_isa([&] {
+            mha::PagedKVCache kept(16, bs, 2, 16), freed(16, bs, 2, 16);
+            const std::size_t a = kept.add_sequence(), b = freed.add_sequence();
+            for (std::size_t t = 0; t < total; t += chunk) {
+                std::vector<float> ya(chunk * E, kNaN), yb(chunk * E, kNaN);
+                m.forward_step(mha::ConstMatrix(x.data() + t * E, chunk, E, E), mha::Matrix(ya.data(), chunk, E, E), kept, &a, &chunk, 1);
+                m.forward_step(mha::ConstMatrix(x.data() + t * E, chunk, E, E), mha::Matrix(yb.data(), chunk, E, E), freed, &b, &chunk, 1);
+                ASSERT_TRUE(mha_decode_test::same_bits(ya, yb)) << "chunk at " << t;
+                ASSERT_FALSE(std::isnan(yb[0])) << "chunk at " << t;
+                freed.release_before(b, t + chunk - std::size_t(left));
+            }
+            EXPECT_GE(freed.released_tokens(b), 2 * bs);
+        });
+    }
+}
+
 // The scalar backend over released blocks: their rows (NaN in copy_keys) stay out of the reference's sums.
 TEST(PagedWindowRelease, ScalarBackendGivesTheSameBitsAfterRelease) {
     const long long left = 39;

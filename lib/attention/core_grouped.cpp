@@ -68,28 +68,54 @@ private:
         const KeyRange seen = c_.visible_block(b, 0, c_.Lq);
         if (j0 >= seen.hi || j0 + kPackBlock <= seen.lo) return;
         const std::size_t n = std::min(kPackBlock, c_.keys_of(b) - j0);
-        ConstMatrix k, v;
         if (c_.keys.is_f32_heads()) {
-            k = c_.p.k.head(b, kvh).row_block(j0, n), v = c_.p.v.head(b, kvh).row_block(j0, n);
-        } else {  // rows of another format or blocked: widened here, a pack block at a time
-            const CoreSlot s = c_.slot();
-            const Matrix wk(s.widen_rows, n, c_.d, c_.d), wv(s.widen_rows + kPackBlock * c_.d, n, c_.d, c_.d);
-            c_.keys.widen(b, kvh, j0, j0 + n, wk);
-            c_.values.widen(b, kvh, j0, j0 + n, wv);
-            k = wk, v = wv;
-        }
-        if (bf16_) {  // an odd chunk's last pair gets a zero partner (P·V reads whole pairs)
-            simd::pack_panels_bf16(k, Trans::yes, keys16_at(bh) + j0 / simd::kBf16PanelWidth * key_stride_, key_stride_);
-            simd::pack_panels_bf16(v, Trans::no, values16_at(bh) + j0 * simd::kBf16PanelWidth, value_stride_);
-        } else {
-            const std::size_t nr = simd::PanelMatrix::panel_width(isa_);
-            simd::pack_panels(isa_, k, Trans::yes, keys_ + bh * key_head_ + j0 / nr * key_stride_, key_stride_);
-            simd::pack_panels(isa_, v, Trans::no, values_ + bh * value_head_ + j0 * nr, value_stride_);
+            pack_rows(bh, j0, c_.p.k.head(b, kvh).row_block(j0, n), c_.p.v.head(b, kvh).row_block(j0, n));
+        } else if (packs_runs_in_place()) {  // fp32 rows in blocks: each block's run packed from the pool
+            c_.keys.runs(j0, j0 + n, [&](std::size_t j, std::size_t len) {
+                if (c_.keys.released(b, j) || c_.values.released(b, j))
+                    pack_widened(bh, j, len);  // zeros (masked keys before a window)
+                else
+                    pack_rows(bh, j, c_.keys.run_view<float>(b, kvh, j, len), c_.values.run_view<float>(b, kvh, j, len));
+            });
+        } else {  // rows of another format: widened here, a pack block at a time
+            pack_widened(bh, j0, n);
         }
         count_kv_rows(2 * n);
+    }
+
+    // Keys [j, j + n) of bh (n <= kPackBlock) widened into the slot, then packed.
+    void pack_widened(std::size_t bh, std::size_t j, std::size_t n) const {
+        const std::size_t b = bh / c_.Hkv, kvh = bh % c_.Hkv;
+        const CoreSlot s = c_.slot();
+        const Matrix wk(s.widen_rows, n, c_.d, c_.d), wv(s.widen_rows + kPackBlock * c_.d, n, c_.d, c_.d);
+        c_.keys.widen(b, kvh, j, j + n, wk);
+        c_.values.widen(b, kvh, j, j + n, wv);
+        pack_rows(bh, j, wk, wv);
+    }
+
+    // fp32 rows in a paged pool whose every block starts a K panel (block_rows a multiple of the panel width; bf16
+    // V panels pair rows 2q, 2q + 1, and blocks have even rows): packed run by run, with no widened copy.
+    bool packs_runs_in_place() const noexcept {
+        if (c_.keys.format->type != DataType::f32 || c_.values.format->type != DataType::f32) return false;
+        if (c_.keys.block_table == nullptr || c_.values.block_table == nullptr) return false;
+        const std::size_t width = bf16_ ? simd::kBf16PanelWidth : simd::PanelMatrix::panel_width(isa_);
+        return c_.keys.block_rows % width == 0 && c_.values.block_rows % width == 0;
+    }
+
+    // Rows k, v of keys [j, j + rows) of bh (j a multiple of the K panel width, and even) into the panels, and the
+    // value flags while the rows are in cache.
+    void pack_rows(std::size_t bh, std::size_t j, ConstMatrix k, ConstMatrix v) const {
+        if (bf16_) {  // an odd chunk's last pair gets a zero partner (P·V reads whole pairs)
+            simd::pack_panels_bf16(k, Trans::yes, keys16_at(bh) + j / simd::kBf16PanelWidth * key_stride_, key_stride_);
+            simd::pack_panels_bf16(v, Trans::no, values16_at(bh) + j * simd::kBf16PanelWidth, value_stride_);
+        } else {
+            const std::size_t nr = simd::PanelMatrix::panel_width(isa_);
+            simd::pack_panels(isa_, k, Trans::yes, keys_ + bh * key_head_ + j / nr * key_stride_, key_stride_);
+            simd::pack_panels(isa_, v, Trans::no, values_ + bh * value_head_ + j * nr, value_stride_);
+        }
         if (std::uint8_t* flags = c_.value_flags(); flags != nullptr) {  // a NaN/±inf value needs the careful P·V
             bool bad = false;
-            for (std::size_t j = 0; j < n && !bad; ++j) bad = simd::any_nonfinite(v.row(j), c_.d);
+            for (std::size_t r = 0; r < v.rows && !bad; ++r) bad = simd::any_nonfinite(v.row(r), c_.d);
             if (bad) __atomic_store_n(&flags[bh], std::uint8_t{1}, __ATOMIC_RELAXED);
         }
     }

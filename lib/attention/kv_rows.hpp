@@ -76,11 +76,15 @@ struct KVRows {
     // as zeros (a pack block may reach into them before the window; they are masked there).
     void widen(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi, Matrix dst) const noexcept {
         for (std::size_t j = lo; j < hi; ++j) {
-            if (block_table != nullptr && block_table[b * table_stride + j / block_rows] == kReleasedBlock)
+            if (released(b, j))
                 std::fill(dst.row(j - lo), dst.row(j - lo) + dim, 0.0f);
             else
                 format->widen(row_bytes(b, h, j), dst.row(j - lo), dim, scale);
         }
+    }
+    // Whether row j of sequence b lies in a block the paged cache released.
+    bool released(std::size_t b, std::size_t j) const noexcept {
+        return block_table != nullptr && block_table[b * table_stride + j / block_rows] == kReleasedBlock;
     }
     // Bytes of one stored row.
     std::size_t stored_row_bytes() const noexcept { return format->row_bytes(dim); }
