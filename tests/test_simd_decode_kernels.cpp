@@ -531,7 +531,7 @@ TEST_P(DecodeKernels, RowsAheadAreNeverRead) {
             for (bool unmapped : {false, true}) {
                 SCOPED_TRACE(std::to_string(rows) + (unmapped ? " unmapped rows ahead" : " NaN rows ahead"));
                 const mha::simd::RowsAhead ahead{unmapped ? none : static_cast<const void*>(nan_rows.cview().data), rows,
-                                                 unmapped ? std::size_t(0) : nan_rows.stride * sizeof(float), row_bytes};
+                                                 unmapped ? std::size_t(0) : nan_rows.stride * sizeof(float), row_bytes, {}};
                 Mat s(g.M, g.n), o = o0;
                 mha::simd::decode_scores(0.25f, q.cview(), kk, s.view(), ahead);
                 mha::simd::decode_accumulate(p.cview(), vv, o.view(), ahead);

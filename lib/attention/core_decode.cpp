@@ -20,13 +20,6 @@ namespace {
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
-// The run that starts at row lo of rows [lo, hi) of (b, h): what a decode kernel reads ahead into after its
-// own rows (none when lo >= hi).
-simd::RowsAhead run_ahead(const KVRows& rows, std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) noexcept {
-    if (lo >= hi) return {};
-    return {rows.row_bytes(b, h, lo), rows.run_rows(lo, hi), rows.row_stride * rows.format->bytes, rows.stored_row_bytes()};
-}
-
 class DecodePath {
 public:
     explicit DecodePath(const CoreContext& c) : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits) {}
@@ -57,7 +50,7 @@ private:
         const std::size_t b = t / splits_ / c_.Hkv, kvh = t / splits_ % c_.Hkv, split = t % splits_;
         const KeyRange keys = c_.visible_block(b, 0, c_.Lq);
         const std::size_t lo = std::max(keys.lo, split * kDecodeSplit), hi = std::min(keys.hi, split * kDecodeSplit + kDecodeSplit);
-        return run_ahead(c_.keys, b, kvh, lo, hi);
+        return c_.keys.rows_ahead(b, kvh, lo, hi);
     }
 
     void task(std::size_t b, std::size_t kvh, std::size_t split, const simd::RowsAhead& next) const {
@@ -96,20 +89,17 @@ private:
         for (std::size_t r = 0; r < m; ++r) std::copy(o.row(r), o.row(r) + d, part + 2 * m + r * d);
     }
 
-    // The split's scores, softmax and P·V on keys [j0, j0 + n) of element type E, run by run. Each kernel call
-    // reads ahead into the run read after it: the next key run, the first value run after the last key run,
-    // `next` after the last value run.
+    // The split's scores, softmax and P·V on keys [j0, j0 + n) of element type E, one kernel call per stream (the
+    // kernels walk a paged cache's blocks). Each reads ahead into the stream read after it: the keys into the
+    // values, the values into `next`.
     template <class E>
     void split_keys(std::size_t b, std::size_t kvh, std::size_t j0, std::size_t n, ConstMatrix q, Matrix st, Matrix o,
                     float* row_max, float* row_sum, const simd::RowsAhead& next) const {
         const std::size_t m = c_.G * c_.Lq, Lq = c_.Lq, j_end = j0 + n;
         // All the split's scores first, then all its values: one stream at a time (switching between the K
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
-        c_.keys.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
-            const simd::RowsAhead ahead =
-                j + len < j_end ? run_ahead(c_.keys, b, kvh, j + len, j_end) : run_ahead(c_.values, b, kvh, j0, j_end);
-            simd::decode_scores(c_.p.scale, q, c_.keys.run_view<E>(b, kvh, j, len), st.columns(j - j0, len), ahead, c_.keys.scale);
-        });
+        simd::decode_scores(c_.p.scale, q, c_.keys.blocked_rows<E>(b, kvh, j0, j_end), st,
+                            c_.values.rows_ahead(b, kvh, j0, j_end), c_.keys.scale);
         for (std::size_t row = 0; row < m; ++row)
             row_sum[row] = c_.softmax_tile(b, kvh * c_.G + row / Lq, row % Lq, j0, st.row(row), n, row_max[row]);
         // A key of this split is masked for some row (the causal edge of the first query, a window's edge, or a
@@ -127,11 +117,8 @@ private:
                 c_.accumulate_unmasked(b, kvh * c_.G + t, 0, j0, ConstMatrix(st.row_block(t * Lq, Lq)), o.row_block(t * Lq, Lq));
             return;
         }
-        c_.values.runs(j0, j_end, [&](std::size_t j, std::size_t len) {
-            const simd::RowsAhead ahead = j + len < j_end ? run_ahead(c_.values, b, kvh, j + len, j_end) : next;
-            simd::decode_accumulate(ConstMatrix(st.columns(j - j0, len)), c_.values.run_view<E>(b, kvh, j, len), o, ahead,
-                                    c_.values.scale);
-        });
+        simd::decode_accumulate(ConstMatrix(st), c_.values.blocked_rows<E>(b, kvh, j0, j_end), o, next,
+                                c_.values.scale);
     }
 
     void merge(std::size_t b, std::size_t kvh) const {

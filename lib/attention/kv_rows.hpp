@@ -17,6 +17,7 @@
 
 #include "mha/view.hpp"
 #include "../core/element_format.hpp"
+#include "../simd/rows_ahead.hpp"
 
 namespace mha::detail {
 
@@ -64,6 +65,22 @@ struct KVRows {
             j += n;
         }
     }
+    // Rows [lo, hi) of (b, h) as the decode kernels read them: one run, or blocks through the block table (whose
+    // block_rows is a power of two: 16 .. 256, checked where a pool is made or described).
+    template <class E>
+    simd::BlockedRows<E> blocked_rows(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {
+        const simd::BlockMap m = block_map(b, lo);
+        const E* data = static_cast<const E*>(base) + (m.table == nullptr ? offset(b, h, lo) : h * head_stride);
+        return {data, hi - lo, dim, row_stride, m};
+    }
+    // The same rows, to be read ahead into (none when lo >= hi).
+    simd::RowsAhead rows_ahead(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {
+        if (lo >= hi) return {};
+        const simd::BlockMap m = block_map(b, lo);
+        const std::size_t start = m.table == nullptr ? offset(b, h, lo) : h * head_stride;
+        return {static_cast<const unsigned char*>(base) + start * format->bytes, hi - lo, row_stride * format->bytes,
+                stored_row_bytes(), m};
+    }
     // Row j of (b, h) as bytes (for writing a cache's own storage, the only rows written through KVRows).
     void* row_bytes(std::size_t b, std::size_t h, std::size_t j) const noexcept {
         return const_cast<unsigned char*>(static_cast<const unsigned char*>(base)) + offset(b, h, j) * format->bytes;
@@ -85,6 +102,16 @@ struct KVRows {
     // Whether row j of sequence b lies in a block the paged cache released.
     bool released(std::size_t b, std::size_t j) const noexcept {
         return block_table != nullptr && block_table[b * table_stride + j / block_rows] == kReleasedBlock;
+    }
+    // Where the rows from row lo of sequence b lie (unblocked: no table).
+    simd::BlockMap block_map(std::size_t b, std::size_t lo) const noexcept {
+        simd::BlockMap m;
+        if (block_table == nullptr) return m;
+        while ((std::size_t{1} << m.shift) < block_rows) ++m.shift;
+        m.table = block_table + b * table_stride + lo / block_rows;
+        m.block_bytes = batch_stride * format->bytes;
+        m.first = lo % block_rows;
+        return m;
     }
     // Bytes of one stored row.
     std::size_t stored_row_bytes() const noexcept { return format->row_bytes(dim); }

@@ -7,10 +7,10 @@
 namespace mha::simd {
 
 #define MHA_DECODE_DEFINE_(name, E)                                                            \
-    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead, float kv_scale) noexcept { \
+    void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead, float kv_scale) noexcept { \
         dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s, ahead, kv_scale);       \
     }                                                                                          \
-    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead, float kv_scale) noexcept { \
+    void decode_accumulate(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead, float kv_scale) noexcept { \
         dispatch(active_isa(), decode_accumulate_kernel{}, p, v, o, ahead, kv_scale);          \
     }
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DEFINE_)

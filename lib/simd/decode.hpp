@@ -15,21 +15,21 @@ namespace mha::simd {
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].
 struct decode_scores_kernel {
     template <class Arch, class E>
-    void operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead,
+    void operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead,
                     float kv_scale) const noexcept;
 };
 
 // o += p·v: p [M, n], v [n, d], o [M, d].
 struct decode_accumulate_kernel {
     template <class Arch, class E>
-    void operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead, float kv_scale) const noexcept;
+    void operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead, float kv_scale) const noexcept;
 };
 
 // The instantiations of one Arch for every element type (PREFIX: extern, or empty in the Arch's generated TU).
 #define MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)                                                                  \
-    PREFIX template void decode_scores_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, MatrixView<const E>,     \
+    PREFIX template void decode_scores_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, BlockedRows<E>,        \
                                                                    Matrix, const RowsAhead&, float) const noexcept;   \
-    PREFIX template void decode_accumulate_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, MatrixView<const E>, Matrix, \
+    PREFIX template void decode_accumulate_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, BlockedRows<E>, Matrix,    \
                                                                        const RowsAhead&, float) const noexcept;
 // Every element type of MHA_KV_ELEMENT_TYPES (lib/core/element_format.hpp).
 #define MHA_DECODE_INSTANTIATE_ELEMENT_(PREFIX, ARCH, name, E) MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)

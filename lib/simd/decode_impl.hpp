@@ -770,7 +770,7 @@ MHA_DECODE_TILE __attribute__((noinline)) void scores_block_widened(const RowRea
 // All the scores s [M, n] in tiles of Shape (see decode_scores_kernel).
 template <class Arch, class E, class Shape>
 void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& stream, float scale, ConstMatrix q,
-                     MatrixView<const E> k, Matrix s) noexcept {
+                     const BlockedRows<E>& k, Matrix s) noexcept {
     using Wide = typename ScoresShapes<Arch, float>::Wide;  // the tiles over keys widened once
     constexpr std::size_t QR = Shape::rows;
     const std::size_t M = q.rows, n = k.rows, d = q.cols, bytes = row_storage_bytes<E>(d);
@@ -783,13 +783,12 @@ void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& st
         const bool widen_once = widens_key_block_once<Arch, E, Shape>(query_tiles, d);
         const std::size_t KR = widen_once ? Wide::keys : Shape::keys;          // key rows per block
         const std::size_t ahead_share = (KR + query_tiles - 1) / query_tiles;  // key rows each tile reads ahead
-        for (std::size_t j = 0; j < n; j += KR) {
-            const std::size_t kr = min_size(KR, n - j);
-            const E* kj = k.data + j * k.stride;
+        for (std::size_t j = 0, kr = 0; j < n; j += kr) {
+            kr = min_size(KR, run_end<Arch>(k.blocks, n, j) - j);  // a key block lies within one run
+            const E* kj = row_of<Arch>(k, j);
             if (m0 == 0 && d != 0) {  // the first query block reads the keys from memory
                 if (prefetch)
-                    for (std::size_t i = j + KR; i < min_size(n, j + 2 * KR); ++i)
-                        prefetch_row_l2<Arch>(k.data + i * k.stride, bytes);
+                    for (std::size_t i = j + kr; i < min_size(n, j + kr + KR); ++i) prefetch_row_l2<Arch>(row_of<Arch>(k, i), bytes);
             }
             if (widen_once) {
                 if (m0 == 0 && d != 0) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
@@ -894,7 +893,7 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 }  // namespace decode_detail
 
 template <class Arch, class E>
-void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixView<const E> k, Matrix s,
+void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s,
                                       const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
     using Shapes = ScoresShapes<Arch, E>;
@@ -909,7 +908,7 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, MatrixVi
 }
 
 template <class Arch, class E>
-void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const E> v, Matrix o,
+void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o,
                                           const RowsAhead& ahead, float kv_scale) const noexcept {
     using namespace decode_detail;
     using T = DecodeTiles<Arch>;
@@ -932,11 +931,11 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
     const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
     const bool few = query_tiles <= kFewQueryTiles;
     const std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
-    for (std::size_t j0 = 0; j0 < n; j0 += J) {
-        const std::size_t jn = min_size(J, n - j0);
-        const E* vj = v.data + j0 * v.stride;
-        // The next chunk's rows, prefetched a share per tile when compute-bound.
-        const std::size_t next = few || j0 + J >= n ? 0 : min_size(J, n - j0 - J);
+    for (std::size_t j0 = 0, jn = 0; j0 < n; j0 += jn) {
+        jn = min_size(J, run_end<Arch>(v.blocks, n, j0) - j0);  // a chunk lies within one run
+        const E* vj = row_of<Arch>(v, j0);
+        // The next chunk's rows (within its run), prefetched a share per tile when compute-bound.
+        const std::size_t next = few || j0 + jn >= n ? 0 : min_size(J, run_end<Arch>(v.blocks, n, j0 + jn) - j0 - jn);
         const std::size_t share = (next + tiles - 1) / tiles;
         const std::size_t ahead_share = (jn + tiles - 1) / tiles;  // rows each tile reads ahead
         std::size_t t = 0;  // tiles of this chunk so far
@@ -952,7 +951,7 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, MatrixView<const 
             }
             const std::size_t first = min_size(t * share, next);
             rp.n_prefetch = min_size(min_size(share, next - first), jn);
-            if (rp.n_prefetch != 0) rp.prefetch = reinterpret_cast<const char*>(vj + (J + first) * v.stride);
+            if (rp.n_prefetch != 0) rp.prefetch = reinterpret_cast<const char*>(row_of<Arch>(v, j0 + jn + first));
             ++t;
             return rp;
         };

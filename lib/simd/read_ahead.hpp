@@ -17,35 +17,62 @@ inline __attribute__((always_inline)) void prefetch_row_l1(const void* row, std:
     __builtin_prefetch(t + bytes - 1, 0, 3);
 }
 
-// A kernel's own n rows (byte stride ld, `bytes` bytes each), then the caller's next rows. row(i) is row i of
-// that stream, or null past its end.
+// Row i of rows placed by m from base (rows_ahead.hpp), row stride ld_bytes within a block.
+template <class Arch>
+inline __attribute__((always_inline)) const char* row_address(const char* base, std::size_t ld_bytes, const BlockMap& m,
+                                                              std::size_t i) noexcept {
+    if (m.table == nullptr) return base + i * ld_bytes;
+    const std::size_t r = m.first + i;
+    return base + m.table[r >> m.shift] * m.block_bytes + (r & ((std::size_t{1} << m.shift) - 1)) * ld_bytes;
+}
+
+// The end of row i's run of equally strided rows: the first row of the next block, at most n (unblocked: n).
+template <class Arch>
+inline __attribute__((always_inline)) std::size_t run_end(const BlockMap& m, std::size_t n, std::size_t i) noexcept {
+    if (m.table == nullptr) return n;
+    const std::size_t end = ((((m.first + i) >> m.shift) + 1) << m.shift) - m.first;
+    return end < n ? end : n;
+}
+
+// Row i of x.
+template <class Arch, class E>
+inline __attribute__((always_inline)) const E* row_of(const BlockedRows<E>& x, std::size_t i) noexcept {
+    return reinterpret_cast<const E*>(row_address<Arch>(reinterpret_cast<const char*>(x.data), x.stride * sizeof(E), x.blocks, i));
+}
+
+// A kernel's own n rows (row stride ld bytes, placed by `blocks`, `bytes` bytes each), then the caller's next
+// rows. row(i) is row i of that stream, or null past its end.
 template <class Arch>
 struct RowStream {
     const char* own = nullptr;
     std::size_t n = 0, ld = 0, bytes = 0;
+    BlockMap blocks;
     RowsAhead ahead;
     std::size_t distance = 0;  // rows read ahead
     inline __attribute__((always_inline)) const char* row(std::size_t i) const noexcept {
-        if (i < n) return own + i * ld;
+        if (i < n) return row_address<Arch>(own, ld, blocks, i);
         i -= n;
-        return i < ahead.rows ? static_cast<const char*>(ahead.data) + i * ahead.stride_bytes : nullptr;
+        return i < ahead.rows ? row_address<Arch>(static_cast<const char*>(ahead.data), ahead.stride_bytes, ahead.blocks, i)
+                              : nullptr;
     }
 };
 
 // The stream of x's rows (row_bytes bytes each) then ahead's (ignored unless its rows are as long), read ahead
 // by about ahead_bytes, at least 4 rows and at most the larger of max_rows (the smallest run a caller has: a
-// paged cache's smallest block) and ahead.rows: a distance past the rows ahead would skip the run after them,
-// one within them never does (with no rows ahead there is nothing to skip).
+// paged cache's smallest block) and ahead.rows when ahead is one run: a distance past the rows ahead would
+// skip the run after them, one within them never does (with no rows ahead, or rows ahead in blocks, which
+// name the caller's whole next stream, there is nothing to skip).
 template <class Arch, class E>
-inline __attribute__((always_inline)) RowStream<Arch> row_stream(MatrixView<const E> x, std::size_t row_bytes, const RowsAhead& ahead,
+inline __attribute__((always_inline)) RowStream<Arch> row_stream(const BlockedRows<E>& x, std::size_t row_bytes, const RowsAhead& ahead,
                                                                  std::size_t ahead_bytes, std::size_t max_rows) noexcept {
     RowStream<Arch> r;
     r.own = reinterpret_cast<const char*>(x.data);
-    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = row_bytes;
+    r.n = x.rows, r.ld = x.stride * sizeof(E), r.bytes = row_bytes, r.blocks = x.blocks;
     if (ahead.data != nullptr && ahead.row_bytes == r.bytes) r.ahead = ahead;
     if (r.bytes != 0) {
         const std::size_t rows = (ahead_bytes + r.bytes - 1) / r.bytes;
-        const std::size_t cap = r.ahead.data == nullptr ? rows : r.ahead.rows > max_rows ? r.ahead.rows : max_rows;
+        const bool open = r.ahead.data == nullptr || r.ahead.blocks.table != nullptr;
+        const std::size_t cap = open ? rows : r.ahead.rows > max_rows ? r.ahead.rows : max_rows;
         r.distance = rows < 4 ? 4 : rows > cap ? cap : rows;
     }
     return r;

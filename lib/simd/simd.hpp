@@ -187,9 +187,9 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // it changes no result. kv_scale: the tensor scale of fp8 rows (k_scale / v_scale; ignored by the other types).
 // int8 rows (mha/quantized.hpp) hold d values then their scales: the view's stride covers both, its cols are d.
 #define MHA_DECODE_DECLARE_(name, E)                                                                              \
-    void decode_scores(float scale, ConstMatrix q, MatrixView<const E> k, Matrix s, const RowsAhead& ahead = {},   \
+    void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {},   \
                        float kv_scale = 1.0f) noexcept;                                                           \
-    void decode_accumulate(ConstMatrix p, MatrixView<const E> v, Matrix o, const RowsAhead& ahead = {},            \
+    void decode_accumulate(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead = {},            \
                            float kv_scale = 1.0f) noexcept;
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
 #undef MHA_DECODE_DECLARE_
