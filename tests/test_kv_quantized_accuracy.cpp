@@ -20,7 +20,10 @@
 //      values are never farther from the truth than q8_0's (the nearest step of the stored scale, where q8_0 rounds
 //      x / d with the unrounded d), and its attention output error (RMS over every output, both evaluated by the
 //      library) is q8_0's within 1 % (the two differ only in the few values q8_0 rounds to the farther step, whose
-//      effect on an output can have either sign).
+//      effect on an output can have either sign). Where the decode path quantizes the queries (int8 scores on integer
+//      dot products, AVX512_VNNI at the avx512_bf16 level), q8_0's queries are quantized to q8_0 too, as ggml's flash
+//      attention does for q8_0 keys, and the bounds of 2 and 3 take the queries' rounding (half a step of their
+//      block's scale) against the stored keys.
 // fp8 scales 1, and as vLLM calibrates them (amax / largest finite value).
 #include <gtest/gtest.h>
 
@@ -37,6 +40,7 @@
 #include <mha/mha.hpp>
 
 #include "isa_test_util.hpp"
+#include "simd/decode.hpp"
 
 namespace {
 
@@ -194,7 +198,10 @@ struct Check {
     std::size_t outside_worst = 0, outside_model = 0;
     double worst_ratio = 0, model_ratio = 0, rms = 0, model_over_v = 0;
 };
-Check check_output(const Problem& p, const std::vector<float>& out, const Stored& s, const Stored& e) {
+// e_q: where the library quantizes the queries (int8 scores on dot products), each query value's error bound
+// [q, H·d] (half its block's step), else empty.
+Check check_output(const Problem& p, const std::vector<float>& out, const Stored& s, const Stored& e,
+                   const std::vector<double>& e_q = {}) {
     Check r;
     const double scale = 1.0 / std::sqrt(double(p.d)), lambda = 6.0;
     double sq = 0, vmax = 0;
@@ -212,6 +219,11 @@ Check check_output(const Problem& p, const std::vector<float>& out, const Stored
                     const double qc = double(p.Q[(i * p.H + h) * d + c]), ek = e.K[(j * p.Hkv + kvh) * d + c];
                     a += std::abs(qc) * ek;
                     v2 += qc * qc * ek * ek / 3.0;
+                    if (!e_q.empty()) {  // (q^ − q)·k^: the query's rounding against the stored key
+                        const double eq = e_q[(i * p.H + h) * d + c], kc = double(s.K[(j * p.Hkv + kvh) * d + c]);
+                        a += eq * std::abs(kc);
+                        v2 += eq * eq * kc * kc / 3.0;
+                    }
                     b += std::abs(qc * double(s.K[(j * p.Hkv + kvh) * d + c]));
                 }
                 dz_q[j] = scale * a;
@@ -245,6 +257,23 @@ Check check_output(const Problem& p, const std::vector<float>& out, const Stored
     return r;
 }
 
+// Whether the library's decode path quantizes this problem's queries (int8 K on dot products at the current ISA),
+// and then each query value's error bound: half the step of its block of 32 (s = float16(amax / 127); the clamp at
+// ±127 costs at most 0.06 steps, as float16 rounds amax / 127 by at most 2^-11).
+bool queries_quantized(const Problem& p, DataType t) {
+    return t == DataType::int8 && p.q <= 16 && mha::simd::int8_scores_on_dot_products(p.H / p.Hkv * p.q, p.d);
+}
+std::vector<double> query_errors(const Problem& p) {
+    std::vector<double> e(p.Q.size());
+    for (std::size_t b0 = 0; b0 < p.Q.size(); b0 += 32) {
+        float amax = 0;
+        for (std::size_t c = b0; c < b0 + 32; ++c) amax = std::max(amax, std::abs(p.Q[c]));
+        const double step = mha::float16::from_float(amax / 127.0f).to_float();
+        for (std::size_t c = b0; c < b0 + 32; ++c) e[c] = step / 2 * (1 + 1e-6);
+    }
+    return e;
+}
+
 // fp8 scales as vLLM calibrates them: the tensor's largest magnitude over the format's largest finite value.
 float calibrated(const std::vector<float>& x, DataType t) {
     float amax = 0;
@@ -272,14 +301,14 @@ TEST(KVQuantizedAccuracy, WithinTheDerivedBoundsOnEveryPathAndIsa) {
                     Stored s, e;
                     const std::vector<float> out = run_library(p, tc.t, ks, vs, s);
                     check_stored(p, s, tc.t, ks, vs, e);
-                    const Check r = check_output(p, out, s, e);
+                    const Check r = check_output(p, out, s, e, queries_quantized(p, tc.t) ? query_errors(p) : std::vector<double>{});
                     EXPECT_EQ(r.outside_worst, 0u) << "worst error / worst-case bound " << r.worst_ratio;
                     if (outliers) return;  // score errors of order 1 (a block's step set by a 30x channel): not first order
                     EXPECT_EQ(r.outside_model, 0u) << "worst error / model bound " << r.model_ratio;
                     // Not vacuous: the model bound stays a small part of the values' range, near the errors.
                     EXPECT_LT(r.model_over_v, tc.t == DataType::fp8_e5m2 ? 0.2 : tc.t == DataType::fp8_e4m3 ? 0.1 : 0.02);
                     EXPECT_GT(r.model_ratio, 0.02) << "the model bound is far above every error";
-                });
+                }, true);
             }
 }
 
@@ -340,9 +369,12 @@ TEST(KVQuantizedAccuracy, Int8AsAccurateAsQ8_0) {
                 ASSERT_LE(std::abs(ours.V[i] - p.V[i]), std::abs(q8.V[i] - p.V[i])) << "V element " << i;
             }
             // The attention output error of both through the library: ours from the int8 pool, q8_0's values from an
-            // f32 pool (the same fp32 evaluation).
+            // f32 pool (the same fp32 evaluation). Where our decode quantizes the queries (dot products), q8_0's
+            // queries are quantized as ggml's flash attention does for q8_0 keys (to q8_0 itself).
             Problem p8 = p;
             p8.K = q8.K, p8.V = q8.V;
+            if (queries_quantized(p, DataType::int8))
+                for (std::size_t r = 0; r < p.Q.size() / p.d; ++r) q8_0_round_trip(p.Q.data() + r * p.d, p.d, p8.Q.data() + r * p.d);
             Stored unused;
             const std::vector<float> out8 = run_library(p8, DataType::f32, 1, 1, unused);
             double ours_sq = 0, q8_sq = 0;

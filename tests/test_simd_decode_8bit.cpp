@@ -6,7 +6,8 @@
 // bitwise equality, a NaN equal to any NaN (the float kernel has its own error bounds in
 // test_simd_decode_kernels.cpp). A lane read from the wrong column, a wrong block's scale, a lost tail element,
 // a wrong conversion (every fp8 code is used, NaN and the subnormals included) or a read of padding changes the
-// bits.
+// bits. (At the avx512_bf16 level on CPUs with AVX512_VNNI, int8 scores with d a multiple of 64 are integer dot
+// products instead: Int8DotProducts checks them against their own scalar model.)
 // Covered: M ∈ {1, 2, 3, 4, 5, 8, 9, 17} × n ∈ {1, 2, 3, 4, 5, 16, 17, 255} × d ∈ {1, 3, 7, 8, 9, 15, 16, 17, 31,
 // 32, 33, 63, 64, 80, 128, 129, 300, 544} (vectors of 4, 8 and 16 lanes, full and partial, int8 blocks of 32 and
 // their short last one, more blocks than a vector has lanes), odd row strides and element offsets, fp8 scales 1,
@@ -17,11 +18,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 
 #include "compare_util.hpp"
 #include "core/element_format.hpp"
+#include "simd/decode.hpp"
 #include "simd/isa_table.hpp"
 #include "simd/simd.hpp"
 
@@ -254,6 +258,149 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
         EXPECT_TRUE(same_bits_or_nan(o.buf, o_want.buf)) << "M " << M << " n " << n << " d " << d;
         munmap(map, span + page);
     }
+}
+
+// ---- int8 scores on integer dot products (AVX512_VNNI at the avx512_bf16 level: decode_int8_dot_impl.hpp) ----
+
+// One score as the dot-product kernel defines it, in plain scalar code: the query row quantized per block of 32
+// (s = float16(amax / 127), q = nearest even of x / s in fp32, clamped to ±127; NaN or ±inf in the block: s NaN
+// and q 0; s 0: q 0), per lane l of each 64-column chunk acc_l = fma(Σ of its 4 q·k, s_k·s_q, acc_l), then
+// scale·((g0 + g2) + (g1 + g3)) with g = (l0 + l2) + (l1 + l3) per group of 4 lanes.
+float dot_model_score(float scale, const float* x, const unsigned char* krow, std::size_t d) {
+    std::vector<int> qi(d);
+    std::vector<float> qs(d / 32);
+    for (std::size_t b = 0; b < d / 32; ++b) {
+        float amax = 0.0f;
+        bool finite = true;
+        for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) {
+            finite = finite && std::isfinite(x[i]);
+            amax = std::max(amax, std::fabs(x[i]));
+        }
+        std::uint16_t bits = 0x7e00;
+        if (finite) {
+            bits = mha::float16::from_float(amax / 127.0f).bits;
+            if ((bits & 0x7c00u) == 0x7c00u) bits = 0x7bff;
+        }
+        const float step = mha::float16::from_bits(bits).to_float();
+        qs[b] = step;
+        for (std::size_t i = 32 * b; i < 32 * b + 32; ++i)
+            qi[i] = finite && step > 0.0f ? int(std::clamp(std::nearbyint(x[i] / step), -127.0f, 127.0f)) : 0;
+    }
+    float acc[16] = {};
+    for (std::size_t c = 0; c < d; c += 64)
+        for (std::size_t l = 0; l < 16; ++l) {
+            const std::size_t c0 = c + 4 * l, b = c0 / 32;
+            int dot = 0;
+            for (std::size_t i = c0; i < c0 + 4; ++i) dot += int(static_cast<std::int8_t>(krow[i])) * qi[i];
+            acc[l] = std::fma(float(dot), mha::int8_row_scale(krow, d, b) * qs[b], acc[l]);
+        }
+    float g[4];
+    for (std::size_t k = 0; k < 4; ++k) g[k] = (acc[4 * k] + acc[4 * k + 2]) + (acc[4 * k + 1] + acc[4 * k + 3]);
+    return scale * ((g[0] + g[2]) + (g[1] + g[3]));
+}
+
+class Int8DotProducts : public ::testing::Test {
+protected:
+    void SetUp() override {
+        saved_ = mha::active_isa();
+        mha::set_isa_cap(mha::Isa::avx512_bf16);
+        if (!mha::simd::int8_scores_on_dot_products(1, 64)) GTEST_SKIP() << "no AVX512_VNNI at the avx512_bf16 level here";
+    }
+    void TearDown() override { mha::set_isa_cap(saved_); }
+    Isa saved_ = Isa::avx512_bf16;
+};
+
+// Every score bitwise the model's, for any M (tails of the 4-row tiles), n (tails of the 4-key tiles), d (one to
+// eight chunks), row stride and offset; padding, the rows past n and the guards hold 0xff (a NaN scale).
+TEST_F(Int8DotProducts, ScoresEqualTheModel) {
+    std::mt19937 gen(25);
+    std::size_t c = 0;
+    for (std::size_t M : kMs)
+        for (std::size_t n : kNs)
+            for (std::size_t d : {std::size_t(64), std::size_t(128), std::size_t(192), std::size_t(512)}) {
+                if (M * d > mha::simd::kDotMaxQueryValues) continue;
+                ++c;
+                ASSERT_TRUE(mha::simd::int8_scores_on_dot_products(M, d));
+                const std::size_t pad = c % 3 == 0 ? 0 : c % 7, offset = c % 5;
+                FloatMat q(M, d, c % 2), s(M, n, c % 3);
+                q.fill(gen, -2.0f, 2.0f);
+                if (c % 4 == 1) q.buf[kGuard + (M - 1) * q.stride + d / 3] = 40.0f;  // an outlier channel
+                ByteMat k(DataType::int8, 1.0f, n, d, pad, offset, 2);
+                k.fill(gen);
+                scores(0.37f, q.cview(), k, s.view());
+                FloatMat want = s;
+                for (std::size_t m = 0; m < M; ++m)
+                    for (std::size_t j = 0; j < n; ++j)
+                        want.buf[kGuard + m * want.stride + j] = dot_model_score(0.37f, q.cview().row(m), k.row(j), d);
+                ASSERT_TRUE(same_bits_or_nan(s.buf, want.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad;
+            }
+    // Elsewhere the widened kernel: d not a multiple of 64, or too many query values.
+    EXPECT_FALSE(mha::simd::int8_scores_on_dot_products(4, 96));
+    EXPECT_FALSE(mha::simd::int8_scores_on_dot_products(mha::simd::kDotMaxQueryValues / 64 + 1, 64));
+    mha::set_isa_cap(mha::Isa::avx512);
+    EXPECT_FALSE(mha::simd::int8_scores_on_dot_products(4, 128));
+}
+
+// Key blocks whose scale is NaN, ±inf-holding, zero, subnormal or the largest float16, and query blocks with NaN,
+// ±inf, zeros, tiny values and the largest floats: the model's bits (a NaN as any NaN).
+TEST_F(Int8DotProducts, SpecialValues) {
+    std::mt19937 gen(26);
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.0f, 1e-6f, 1e10f,
+                              1.0f, 3e38f, 1e-30f};
+    const std::size_t n = 19, M = 5, d = 128;
+    ByteMat k(DataType::int8, 1.0f, n, d, 1, 0, 0);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> x(d);
+    for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < d; ++j) x[j] = dist(gen) * specials[(i + j / 32) % 6];
+        if ((i + 1) % 6 == 0) x[d / 2] = -std::numeric_limits<float>::infinity();
+        k.set_row(i, x.data());
+    }
+    FloatMat q(M, d, 0), s(M, n, 0);
+    q.fill(gen, -1.0f, 1.0f);
+    for (std::size_t m = 0; m < M; ++m)
+        for (std::size_t j = 0; j < d; ++j) q.buf[kGuard + m * d + j] *= specials[(m + j / 32 + 2) % 8];
+    scores(1.0f, q.cview(), k, s.view());
+    FloatMat want = s;
+    for (std::size_t m = 0; m < M; ++m)
+        for (std::size_t j = 0; j < n; ++j) want.buf[kGuard + m * n + j] = dot_model_score(1.0f, q.cview().row(m), k.row(j), d);
+    EXPECT_TRUE(same_bits_or_nan(s.buf, want.buf));
+}
+
+// Keys in blocks of a paged pool read through a block table (scattered, reused ids; a start inside a block): the
+// bits of the same rows read contiguously; and no read past K's last row (a PROT_NONE page after it).
+TEST_F(Int8DotProducts, BlockedRowsAndTheEndOfTheRows) {
+    std::mt19937 gen(27);
+    const std::size_t d = 128, row = mha::int8_row_bytes(d), bs = 16, M = 4, n = 70, first = 5;
+    const std::uint32_t table[] = {3, 0, 6, 2, 5, 1};
+    std::vector<unsigned char> pool(7 * bs * row, 0xff);
+    ByteMat k(DataType::int8, 1.0f, n, d, 0, 0, 0);
+    k.fill(gen);
+    for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t r = first + j;
+        std::memcpy(pool.data() + (table[r / bs] * bs + r % bs) * row, k.row(j), row);
+    }
+    FloatMat q(M, d, 0), s(M, n, 0), blocked(M, n, 0);
+    q.fill(gen, -1.0f, 1.0f);
+    scores(0.5f, q.cview(), k, s.view());
+    mha::simd::BlockMap map;
+    map.table = table, map.shift = 4, map.block_bytes = bs * row, map.first = first;
+    const mha::simd::BlockedRows<mha::qint8> rows(reinterpret_cast<const mha::qint8*>(pool.data()), n, d, row, map);
+    mha::simd::decode_scores(0.5f, q.cview(), rows, blocked.view());
+    EXPECT_TRUE(same_bits_or_nan(s.buf, blocked.buf));
+
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)), bytes = n * row;
+    const std::size_t span = (bytes + page - 1) / page * page;
+    void* map_end = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map_end, MAP_FAILED);
+    ASSERT_EQ(mprotect(static_cast<char*>(map_end) + span, page, PROT_NONE), 0);
+    auto* h = static_cast<unsigned char*>(map_end) + span - bytes;
+    for (std::size_t j = 0; j < n; ++j) std::memcpy(h + j * row, k.row(j), row);
+    FloatMat at_end(M, n, 0);
+    mha::simd::decode_scores(0.5f, q.cview(), mha::MatrixView<const mha::qint8>(reinterpret_cast<const mha::qint8*>(h), n, d, row),
+                             at_end.view());
+    EXPECT_TRUE(same_bits_or_nan(s.buf, at_end.buf));
+    munmap(map_end, span + page);
 }
 
 std::vector<Param> params() {

@@ -6,6 +6,17 @@
 
 namespace mha::simd {
 
+bool int8_scores_on_dot_products(std::size_t M, std::size_t d) noexcept {
+#if defined(__x86_64__)
+    // AVX512_VNNI implies nothing about the OS state: the avx512_bf16 level (checked with it) does.
+    static const bool vnni = __builtin_cpu_supports("avx512vnni") != 0;
+    return vnni && active_isa() == Isa::avx512_bf16 && M != 0 && d != 0 && d % 64 == 0 && M * d <= kDotMaxQueryValues;
+#else
+    (void)M, (void)d;
+    return false;
+#endif
+}
+
 #define MHA_DECODE_DEFINE_(name, E)                                                            \
     void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead, float kv_scale) noexcept { \
         dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s, ahead, kv_scale);       \

@@ -891,6 +891,11 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 }
 
 }  // namespace decode_detail
+}  // namespace mha::simd
+
+#include "decode_int8_dot_impl.hpp"  // decode_detail::scores_int8_dot
+
+namespace mha::simd {
 
 template <class Arch, class E>
 void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s,
@@ -901,6 +906,9 @@ void decode_scores_kernel::operator()(Arch, float scale, ConstMatrix q, BlockedR
     const RowReader<Arch, E> reader{d, kv_scale};
     const RowStream<Arch> stream = row_stream<Arch>(k, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     if (M != 0 && d != 0) read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
+    if constexpr (std::is_same_v<Arch, arch_avx512> && std::is_same_v<E, qint8>) {
+        if (int8_scores_on_dot_products(M, d)) return scores_int8_dot<Arch>(scale, q, k, s, stream);
+    }
     if (M > 2)
         scores_in_tiles<Arch, E, typename Shapes::Tall>(reader, stream, scale, q, k, s);
     else

@@ -186,6 +186,8 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // ahead: the rows the caller reads next (rows_ahead.hpp), prefetched as the kernel nears the end of its own;
 // it changes no result. kv_scale: the tensor scale of fp8 rows (k_scale / v_scale; ignored by the other types).
 // int8 rows (mha/quantized.hpp) hold d values then their scales: the view's stride covers both, its cols are d.
+// int8 K on AVX512_VNNI: decode_scores may use integer dot products instead (int8_scores_on_dot_products, decode.hpp).
+
 #define MHA_DECODE_DECLARE_(name, E)                                                                              \
     void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {},   \
                        float kv_scale = 1.0f) noexcept;                                                           \
