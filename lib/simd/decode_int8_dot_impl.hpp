@@ -68,75 +68,75 @@ MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries&
     _mm256_store_ps(z.scale + o / 4 + 8, _mm256_set1_ps(block_scale[1]));
 }
 
-// Scores of query rows [m0, m0 + MR) against key rows [j, j + kr) (kr <= 4; rows[t] their starts, rows past kr
-// repeat a real row and are not stored).
+// Scores of query rows [m0, m0 + MR) against all of k's rows, in tiles of 4 keys (a tile lies within one run; a
+// short tile repeats its first row, whose scores are not stored), reading ahead through `stream` when `read`.
 template <class Arch, std::size_t MR>
-MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_tile(const DotQueries& z, std::size_t m0,
-                                                                             const qint8* const (&rows)[4], std::size_t kr,
-                                                                             std::size_t d, float scale, float* s,
-                                                                             std::size_t lds) noexcept {
+MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_rows(const DotQueries& z, std::size_t m0,
+                                                                             const BlockedRows<qint8>& k, float scale, Matrix s,
+                                                                             const RowStream<Arch>& stream, bool read) noexcept {
     // Plain loops, unrolled by pragma: a lambda would not carry the function's target (GCC).
     using B = batch<Arch>;
+    const std::size_t n = k.rows, d = k.cols;
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m256i pick = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    B acc[DecodeTiles<Arch>::QB][4];
+    for (std::size_t j = 0, kr = 0; j < n; j += kr) {
+        kr = min_size(4, run_end<Arch>(k.blocks, n, j) - j);
+        const unsigned char* first = reinterpret_cast<const unsigned char*>(row_of<Arch>(k, j));
+        const std::size_t ld = kr > 1 ? k.stride : 0;
+        if (read) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
+        B acc[DecodeTiles<Arch>::QB][4];
 #pragma GCC unroll 4
-    for (std::size_t m = 0; m < DecodeTiles<Arch>::QB; ++m)
+        for (std::size_t m = 0; m < DecodeTiles<Arch>::QB; ++m)
 #pragma GCC unroll 4
-        for (std::size_t t = 0; t < 4; ++t) acc[m][t] = B(0.0f);
-    for (std::size_t c = 0; c < d; c += 64) {
-        __m512i kv[4];
-        __m512 ks[4];
-#pragma GCC unroll 4
-        for (std::size_t t = 0; t < 4; ++t) {
-            const unsigned char* row = reinterpret_cast<const unsigned char*>(rows[t]);
-            kv[t] = _mm512_xor_si512(_mm512_loadu_si512(row + c), flip);
-            std::uint32_t two;  // the float16 scales of the chunk's two blocks
-            std::memcpy(&two, row + d + c / 16, 4);
-            ks[t] = _mm512_cvtph_ps(_mm256_permutexvar_epi16(pick, _mm256_set1_epi32(static_cast<int>(two))));
-        }
-#pragma GCC unroll 4
-        for (std::size_t m = 0; m < MR; ++m) {
-            const std::size_t o = (m0 + m) * d + c;
-            const __m512i qv = _mm512_load_si512(z.bytes + o);
-            const __m512i start = _mm512_load_si512(z.start + o / 4);
-            const __m512 qs = _mm512_load_ps(z.scale + o / 4);
+            for (std::size_t t = 0; t < 4; ++t) acc[m][t] = B(0.0f);
+        for (std::size_t c = 0; c < d; c += 64) {
+            __m512i kv[4];
+            __m512 ks[4];
 #pragma GCC unroll 4
             for (std::size_t t = 0; t < 4; ++t) {
-                const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, kv[t], qv));
-                acc[m][t] = B(_mm512_fmadd_ps(dot, _mm512_mul_ps(ks[t], qs), acc[m][t]));
+                const unsigned char* row = first + (t < kr ? t : 0) * ld;
+                kv[t] = _mm512_xor_si512(_mm512_loadu_si512(row + c), flip);
+                std::uint32_t two;  // the float16 scales of the chunk's two blocks
+                std::memcpy(&two, row + d + c / 16, 4);
+                ks[t] = _mm512_cvtph_ps(_mm256_permutexvar_epi16(pick, _mm256_set1_epi32(static_cast<int>(two))));
+            }
+#pragma GCC unroll 4
+            for (std::size_t m = 0; m < MR; ++m) {
+                const std::size_t o = (m0 + m) * d + c;
+                const __m512i qv = _mm512_load_si512(z.bytes + o);
+                const __m512i start = _mm512_load_si512(z.start + o / 4);
+                const __m512 qs = _mm512_load_ps(z.scale + o / 4);
+#pragma GCC unroll 4
+                for (std::size_t t = 0; t < 4; ++t) {
+                    const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, kv[t], qv));
+                    acc[m][t] = B(_mm512_fmadd_ps(dot, _mm512_mul_ps(ks[t], qs), acc[m][t]));
+                }
             }
         }
-    }
-    switch (kr) {
-        case 1: reduce_store<Arch, MR, 1>(acc, scale, s, lds); break;
-        case 2: reduce_store<Arch, MR, 2>(acc, scale, s, lds); break;
-        case 3: reduce_store<Arch, MR, 3>(acc, scale, s, lds); break;
-        default: reduce_store<Arch, MR, 4>(acc, scale, s, lds); break;
+        float* sj = s.data + m0 * s.stride + j;
+        switch (kr) {
+            case 1: reduce_store<Arch, MR, 1>(acc, scale, sj, s.stride); break;
+            case 2: reduce_store<Arch, MR, 2>(acc, scale, sj, s.stride); break;
+            case 3: reduce_store<Arch, MR, 3>(acc, scale, sj, s.stride); break;
+            default: reduce_store<Arch, MR, 4>(acc, scale, sj, s.stride); break;
+        }
     }
 }
 
+// Q quantized, then its tiles of 4 rows over all the keys (the first reads them from memory, the others from cache).
 template <class Arch>
 MHA_INT8_DOT_TARGET __attribute__((noinline)) void scores_int8_dot_impl(float scale, ConstMatrix q, const BlockedRows<qint8>& k,
                                                                          Matrix s, const RowStream<Arch>& stream) noexcept {
-    const std::size_t M = q.rows, d = q.cols, n = k.rows;
+    const std::size_t M = q.rows, d = q.cols;
     DotQueries z;
     for (std::size_t m = 0; m < M; ++m)
         for (std::size_t c = 0; c < d; c += 64) quantize_query_chunk<Arch>(q.data + m * q.stride + c, z, m * d + c);
-    for (std::size_t j = 0, kr = 0; j < n; j += kr) {
-        kr = min_size(4, run_end<Arch>(k.blocks, n, j) - j);  // a key tile lies within one run
-        const qint8* first = row_of<Arch>(k, j);
-        const qint8* rows[4] = {first, first, first, first};
-        for (std::size_t t = 1; t < kr; ++t) rows[t] = first + t * k.stride;
-        read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
-        for (std::size_t m0 = 0; m0 < M; m0 += 4) {
-            float* sm = s.data + m0 * s.stride + j;
-            switch (min_size(4, M - m0)) {
-                case 1: int8_dot_tile<Arch, 1>(z, m0, rows, kr, d, scale, sm, s.stride); break;
-                case 2: int8_dot_tile<Arch, 2>(z, m0, rows, kr, d, scale, sm, s.stride); break;
-                case 3: int8_dot_tile<Arch, 3>(z, m0, rows, kr, d, scale, sm, s.stride); break;
-                default: int8_dot_tile<Arch, 4>(z, m0, rows, kr, d, scale, sm, s.stride); break;
-            }
+    for (std::size_t m0 = 0; m0 < M; m0 += 4) {
+        switch (min_size(4, M - m0)) {
+            case 1: int8_dot_rows<Arch, 1>(z, m0, k, scale, s, stream, m0 == 0); break;
+            case 2: int8_dot_rows<Arch, 2>(z, m0, k, scale, s, stream, m0 == 0); break;
+            case 3: int8_dot_rows<Arch, 3>(z, m0, k, scale, s, stream, m0 == 0); break;
+            default: int8_dot_rows<Arch, 4>(z, m0, k, scale, s, stream, m0 == 0); break;
         }
     }
 }
