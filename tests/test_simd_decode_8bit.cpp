@@ -263,8 +263,8 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
 // ---- int8 scores on integer dot products (AVX512_VNNI at the avx512_bf16 level: decode_int8_dot_impl.hpp) ----
 
 // One score as the dot-product kernel defines it, in plain scalar code: the query row quantized per block of 32
-// (s = float16(amax / 127), q = nearest even of x / s in fp32, clamped to ±127; NaN or ±inf in the block: s NaN
-// and q 0; s 0: q 0), per lane l of each 64-column chunk acc_l = fma(Σ of its 4 q·k, s_k·s_q, acc_l), then
+// (s = amax / 127 in fp32, q = nearest even of x / s, clamped to ±127; NaN or ±inf in the block: s NaN and q 0;
+// s 0: q 0), per lane l of each 64-column chunk acc_l = fma(Σ of its 4 q·k, s_k·s_q, acc_l), then
 // scale·((g0 + g2) + (g1 + g3)) with g = (l0 + l2) + (l1 + l3) per group of 4 lanes.
 float dot_model_score(float scale, const float* x, const unsigned char* krow, std::size_t d) {
     std::vector<int> qi(d);
@@ -276,12 +276,7 @@ float dot_model_score(float scale, const float* x, const unsigned char* krow, st
             finite = finite && std::isfinite(x[i]);
             amax = std::max(amax, std::fabs(x[i]));
         }
-        std::uint16_t bits = 0x7e00;
-        if (finite) {
-            bits = mha::float16::from_float(amax / 127.0f).bits;
-            if ((bits & 0x7c00u) == 0x7c00u) bits = 0x7bff;
-        }
-        const float step = mha::float16::from_bits(bits).to_float();
+        const float step = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
         qs[b] = step;
         for (std::size_t i = 32 * b; i < 32 * b + 32; ++i)
             qi[i] = finite && step > 0.0f ? int(std::clamp(std::nearbyint(x[i] / step), -127.0f, 127.0f)) : 0;
@@ -365,6 +360,52 @@ TEST_F(Int8DotProducts, SpecialValues) {
     for (std::size_t m = 0; m < M; ++m)
         for (std::size_t j = 0; j < n; ++j) want.buf[kGuard + m * n + j] = dot_model_score(1.0f, q.cview().row(m), k.row(j), d);
     EXPECT_TRUE(same_bits_or_nan(s.buf, want.buf));
+}
+
+// Query blocks far below 1 (down to fp32's subnormals) keep their relative precision: each score within
+// scale·Σ_c (s_b / 2)·|k_c| of the exact one over the stored keys, plus fp32 rounding (the query's scale is fp32).
+TEST_F(Int8DotProducts, TinyQueryBlocksKeepTheirPrecision) {
+    std::mt19937 gen(28);
+    const std::size_t n = 9, d = 64;
+    ByteMat k(DataType::int8, 1.0f, n, d, 0, 0, 0);
+    k.fill(gen);
+    for (float tiny : {1e-3f, 1e-5f, 3e-6f, 1e-20f, 1e-38f}) {
+        FloatMat q(1, d, 0), s(1, n, 0);
+        q.fill(gen, -1.0f, 1.0f);
+        for (std::size_t c = 0; c < 32; ++c) q.buf[kGuard + c] *= tiny;  // block 0 tiny, block 1 of order 1
+        scores(1.0f, q.cview(), k, s.view());
+        for (std::size_t j = 0; j < n; ++j) {
+            const float* x = q.cview().row(0);
+            const float* kw = k.wide().row(j);
+            double exact = 0, bound = 0, mag = 0;
+            for (std::size_t b = 0; b < 2; ++b) {
+                float amax = 0;
+                for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) amax = std::max(amax, std::fabs(x[c]));
+                for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) {
+                    exact += double(x[c]) * kw[c];
+                    bound += double(amax / 127.0f) / 2 * std::fabs(kw[c]);
+                    mag += std::fabs(double(x[c]) * kw[c]);
+                }
+            }
+            EXPECT_LE(std::fabs(s.buf[kGuard + j] - exact), bound * (1 + 1e-3) + 1e-5 * mag) << "block amax scale " << tiny << ", key " << j;
+        }
+        // The tiny block alone (block 1 zeroed): the same relative precision at its own scale.
+        for (std::size_t c = 32; c < 64; ++c) q.buf[kGuard + c] = 0.0f;
+        scores(1.0f, q.cview(), k, s.view());
+        for (std::size_t j = 0; j < n; ++j) {
+            const float* x = q.cview().row(0);
+            const float* kw = k.wide().row(j);
+            double exact = 0, bound = 0, mag = 0;
+            float amax = 0;
+            for (std::size_t c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(x[c]));
+            for (std::size_t c = 0; c < 32; ++c) {
+                exact += double(x[c]) * kw[c];
+                bound += double(amax / 127.0f) / 2 * std::fabs(kw[c]);
+                mag += std::fabs(double(x[c]) * kw[c]);
+            }
+            EXPECT_LE(std::fabs(s.buf[kGuard + j] - exact), bound * (1 + 1e-3) + 1e-5 * mag + 1e-44) << "alone, amax scale " << tiny;
+        }
+    }
 }
 
 // Keys in blocks of a paged pool read through a block table (scattered, reused ids; a start inside a block): the

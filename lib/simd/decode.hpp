@@ -17,10 +17,10 @@ inline constexpr std::size_t kDotMaxQueryValues = 8192;
 
 // int8 K (decode_scores only): where this holds, the scores are integer dot products instead (vpdpbusd, on CPUs
 // with AVX512_VNNI when the active ISA is avx512_bf16; lib/simd/decode_int8_dot_impl.hpp): each query row is
-// quantized as a cache row is (blocks of 32 with a float16 scale), and s[m, j] = scale·Σ_b s_q,b·s_k,b·Σ q·k with
+// quantized per block of 32 (int8 with the fp32 scale amax / 127), and s[m, j] = scale·Σ_b s_q,b·s_k,b·Σ q·k with
 // exact integer sums, so Q's rounding joins K's in the error (docs/kv-quantization.md); the same bits for any M, n,
-// row placement and thread count, but not those of a float cache of the dequantized values. d a multiple of 64,
-// M·d <= kDotMaxQueryValues.
+// row placement and thread count, but not those of a float cache of the dequantized values; a query block holding
+// ±inf makes its row's scores NaN. d a multiple of 64, M·d <= kDotMaxQueryValues (else the widened kernel).
 bool int8_scores_on_dot_products(std::size_t M, std::size_t d) noexcept;
 
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].

@@ -1,18 +1,19 @@
 // The decode scores of an int8 cache on integer dot products (vpdpbusd, AVX512_VNNI): included by decode_impl.hpp;
 // defined in the AVX-512 TU only, and run where simd::int8_scores_on_dot_products(M, d) holds (simd.hpp).
-//   Q: each row quantized as a cache row is (mha/quantized.hpp: blocks of 32, s = float16(amax / 127), with the
-//      quotient x / s in fp32, rounded to nearest even and clamped to ±127; a block holding NaN or ±inf: s NaN and
-//      values 0; amax 0: values 0).
+//   Q: each row quantized per block of 32 with an fp32 scale s = amax / 127 (not a cache row's float16 scale,
+//      whose subnormal steps would lose most of a small block's precision): q = nearest even of x / s (fp32), within
+//      ±127; a block holding NaN or ±inf: s NaN and values 0; amax 0: values 0.
 //   K: the cache's bytes read as unsigned (xor 0x80: k + 128), so that vpdpbusd multiplies them by Q's signed
 //      bytes; each 32-bit lane starts at −128·(its 4 query bytes summed) and so ends at the exact Σ q·k of its 4
 //      columns (|Σ| < 2^17).
 //   Lane l of 64-column chunk c (columns 64c + 4l .. + 3, in block b): acc_l = fma(float(dot), s_k,b·s_q,b, acc_l)
-//      (a product of two float16, exact), chunks in order; then s = scale·(the lane tree of reduce_store).
+//      (s_k,b·s_q,b one fp32 product), chunks in order; then s = scale·(the lane tree of reduce_store).
 // Preconditions: d a multiple of 64, M·d <= kDotMaxQueryValues (int8_scores_on_dot_products).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace mha::simd::decode_detail {
 
@@ -40,12 +41,7 @@ MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries&
         // Not finite: NaN or ±inf in either vector (fpclass: QNaN, +inf, -inf, SNaN).
         const bool finite = (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) == 0;
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        std::uint16_t bits = 0x7e00;  // NaN: the block held NaN or ±inf
-        if (finite) {
-            bits = static_cast<std::uint16_t>(_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT));
-            if ((bits & 0x7c00u) == 0x7c00u) bits = 0x7bff;  // past 65504: the largest float16
-        }
-        const float step = _cvtsh_ss(bits);
+        const float step = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
         block_scale[b] = step;
         __m128i packed[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
         if (finite && step > 0.0f) {
