@@ -211,6 +211,25 @@ TEST(PagedKVCache, StepsEqualEachSequenceAloneInAContiguousCache) {
     });
 }
 
+// int8 caches with d 64 (on CPUs with AVX512_VNNI the decode scores are integer dot products at the avx512_bf16
+// level): steps equal each sequence alone in a contiguous cache, bitwise, for block sizes 16 and 64 and threads 1 / 3,
+// on every ISA level including avx512_bf16.
+TEST(PagedKVCache, Int8StepsOnDotProductsEqualEachSequenceAlone) {
+    const DecoderLayer layer(64, 8, 2, 64, mha::RopeConfig{}, true, true, 905);
+    const mha::MultiheadAttention m = layer.make();
+    const std::vector<std::vector<float>> x = token_rows(64, 78);
+    mha_test::for_each_cpu_isa([&] {
+        const StepOutputs alone = run_alone(m, layer, x, mha::DataType::int8);
+        for (std::size_t bs : {16u, 64u})
+            for (int threads : {1, 3}) {
+                mha::PagedKVCache cache(64, bs, 2, 64, mha::DataType::int8);
+                std::vector<std::size_t> ids;
+                expect_same(run_paged(m, layer, x, cache, ids, threads, threads == 3), alone,
+                            "block_size " + std::to_string(bs) + ", threads " + std::to_string(threads));
+            }
+    }, true);
+}
+
 // Sequences past one decode split (512 keys) and past kFusedMinKeys (1024: MHA takes the grouped path), in
 // chunks, then decoding together with a new short prompt: ragged decode groups whose splits span blocks.
 TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
