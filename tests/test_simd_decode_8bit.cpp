@@ -224,23 +224,44 @@ TEST_P(Decode8Bit, SpecialValuesWidenExactly) {
     }
 }
 
+// Rows of k copied to end exactly at a PROT_NONE page: n rows of `row` bytes, `ld` bytes apart. Unmapped on
+// destruction; data() is null if mmap failed.
+class AtPageEnd {
+public:
+    AtPageEnd(const ByteMat& k, std::size_t row, std::size_t ld) {
+        const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)), bytes = (k.rows - 1) * ld + row;
+        size_ = (bytes + page - 1) / page * page + page;
+        map_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map_ == MAP_FAILED || mprotect(static_cast<char*>(map_) + size_ - page, page, PROT_NONE) != 0) return;
+        data_ = static_cast<unsigned char*>(map_) + size_ - page - bytes;
+        for (std::size_t i = 0; i < k.rows; ++i) std::memcpy(data_ + i * ld, const_cast<ByteMat&>(k).row(i), row);
+    }
+    ~AtPageEnd() {
+        if (map_ != MAP_FAILED) munmap(map_, size_);
+    }
+    AtPageEnd(const AtPageEnd&) = delete;
+    AtPageEnd& operator=(const AtPageEnd&) = delete;
+    const unsigned char* data() const { return data_; }
+
+private:
+    void* map_ = MAP_FAILED;
+    std::size_t size_ = 0;
+    unsigned char* data_ = nullptr;
+};
+
 // K / V whose last byte is the last of a page followed by a PROT_NONE page: no read past the tile (for int8 the
 // row ends with its scales).
 TEST_P(Decode8Bit, ReadsEndAtTheTile) {
     const DataType t = GetParam().type;
-    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     std::mt19937 gen(24);
     for (const auto& [M, n, d, pad] : std::vector<std::array<std::size_t, 4>>{
              {1, 1, 1, 0}, {4, 4, 16, 0}, {5, 17, 129, 3}, {3, 255, 3, 1}, {9, 16, 17, 0}, {4, 255, 128, 0}, {2, 5, 15, 2}}) {
         ByteMat k(t, 0.75f, n, d, pad, 0, 0);
         k.fill(gen);
-        const std::size_t row = mha::detail::element_format(t).row_elements(d), ld = k.stride, bytes = (n - 1) * ld + row;
-        const std::size_t span = (bytes + page - 1) / page * page;
-        void* map = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        ASSERT_NE(map, MAP_FAILED);
-        ASSERT_EQ(mprotect(static_cast<char*>(map) + span, page, PROT_NONE), 0);
-        auto* h = static_cast<unsigned char*>(map) + span - bytes;
-        for (std::size_t i = 0; i < n; ++i) std::memcpy(h + i * ld, k.row(i), row);
+        const std::size_t row = mha::detail::element_format(t).row_elements(d), ld = k.stride;
+        const AtPageEnd guarded(k, row, ld);
+        ASSERT_NE(guarded.data(), nullptr) << "mmap failed";
+        const unsigned char* h = guarded.data();
         FloatMat q(M, d, 0), p(M, n, 0), s_want(M, n, 0), s(M, n, 0), o_want(M, d, 0);
         q.fill(gen, -1.0f, 1.0f);
         p.fill(gen, 0.0f, 1.0f);
@@ -256,7 +277,6 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
         });
         EXPECT_TRUE(same_bits_or_nan(s.buf, s_want.buf)) << "M " << M << " n " << n << " d " << d;
         EXPECT_TRUE(same_bits_or_nan(o.buf, o_want.buf)) << "M " << M << " n " << n << " d " << d;
-        munmap(map, span + page);
     }
 }
 
@@ -430,18 +450,13 @@ TEST_F(Int8DotProducts, BlockedRowsAndTheEndOfTheRows) {
     mha::simd::decode_scores(0.5f, q.cview(), rows, blocked.view());
     EXPECT_TRUE(same_bits_or_nan(s.buf, blocked.buf));
 
-    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)), bytes = n * row;
-    const std::size_t span = (bytes + page - 1) / page * page;
-    void* map_end = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT_NE(map_end, MAP_FAILED);
-    ASSERT_EQ(mprotect(static_cast<char*>(map_end) + span, page, PROT_NONE), 0);
-    auto* h = static_cast<unsigned char*>(map_end) + span - bytes;
-    for (std::size_t j = 0; j < n; ++j) std::memcpy(h + j * row, k.row(j), row);
+    const AtPageEnd guarded(k, row, row);
+    ASSERT_NE(guarded.data(), nullptr) << "mmap failed";
     FloatMat at_end(M, n, 0);
-    mha::simd::decode_scores(0.5f, q.cview(), mha::MatrixView<const mha::qint8>(reinterpret_cast<const mha::qint8*>(h), n, d, row),
+    mha::simd::decode_scores(0.5f, q.cview(),
+                             mha::MatrixView<const mha::qint8>(reinterpret_cast<const mha::qint8*>(guarded.data()), n, d, row),
                              at_end.view());
     EXPECT_TRUE(same_bits_or_nan(s.buf, at_end.buf));
-    munmap(map_end, span + page);
 }
 
 std::vector<Param> params() {

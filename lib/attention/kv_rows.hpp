@@ -70,16 +70,14 @@ struct KVRows {
     template <class E>
     simd::BlockedRows<E> blocked_rows(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {
         const simd::BlockMap m = block_map(b, lo);
-        const E* data = static_cast<const E*>(base) + (m.table == nullptr ? offset(b, h, lo) : h * head_stride);
-        return {data, hi - lo, dim, row_stride, m};
+        return {static_cast<const E*>(base) + start_offset(b, h, lo, m), hi - lo, dim, row_stride, m};
     }
     // The same rows, to be read ahead into (none when lo >= hi).
     simd::RowsAhead rows_ahead(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {
         if (lo >= hi) return {};
         const simd::BlockMap m = block_map(b, lo);
-        const std::size_t start = m.table == nullptr ? offset(b, h, lo) : h * head_stride;
-        return {static_cast<const unsigned char*>(base) + start * format->bytes, hi - lo, row_stride * format->bytes,
-                stored_row_bytes(), m};
+        return {static_cast<const unsigned char*>(base) + start_offset(b, h, lo, m) * format->bytes, hi - lo,
+                row_stride * format->bytes, stored_row_bytes(), m};
     }
     // Row j of (b, h) as bytes (for writing a cache's own storage, the only rows written through KVRows).
     void* row_bytes(std::size_t b, std::size_t h, std::size_t j) const noexcept {
@@ -112,6 +110,11 @@ struct KVRows {
         m.block_bytes = batch_stride * format->bytes;
         m.first = lo % block_rows;
         return m;
+    }
+    // The element offset rows placed by m (from row lo of (b, h)) count from: row lo itself when unblocked, head h
+    // of block 0 when blocked.
+    std::size_t start_offset(std::size_t b, std::size_t h, std::size_t lo, const simd::BlockMap& m) const noexcept {
+        return m.table == nullptr ? offset(b, h, lo) : h * head_stride;
     }
     // Bytes of one stored row.
     std::size_t stored_row_bytes() const noexcept { return format->row_bytes(dim); }

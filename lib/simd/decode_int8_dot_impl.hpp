@@ -1,5 +1,5 @@
 // The decode scores of an int8 cache on integer dot products (vpdpbusd, AVX512_VNNI): included by decode_impl.hpp;
-// defined in the AVX-512 TU only, and run where simd::int8_scores_on_dot_products(M, d) holds (simd.hpp).
+// defined in the AVX-512 TU only, and run where simd::int8_scores_on_dot_products(M, d) holds (decode.hpp).
 //   Q: each row quantized per block of 32 with an fp32 scale s = amax / 127 (not a cache row's float16 scale,
 //      whose subnormal steps would lose most of a small block's precision): q = nearest even of x / s (fp32), within
 //      ±127; a block holding NaN or ±inf: s NaN and values 0; amax 0: values 0.
