@@ -8,7 +8,8 @@
 //   2. The worst-case bound (rigorous; loose by about sqrt(d)):
 //        |o^ - o| <= sum_j p^_j e_v,j + sum_j p_j (exp(|dz_j| + Z) - 1) |v_j - o|,   |dz_j| <= scale sum_c |q_c| e_k,jc,
 //      Z = max_j |dz_j|; plus the fp32 evaluation's own error over the stored values (the same formula with
-//      dz_j = gamma_{d+3} scale sum_c |q_c k^_jc| + 8u(|z^_j| + 1) and the values' gamma_{n+8} |v^_j|, then 4u |o^|),
+//      dz_j = gamma_{d+3} scale sum_c |q_c k^_jc| + 8u(|z^_j| + 1) and the values' gamma_{n+9} |v^_j|: int8 V's
+//      block scale folded into P is one rounding more; then 4u |o^|),
 //      times 2.
 //   3. The model bound (independent roundings, each uniform within its bound: standard deviation e / sqrt(3);
 //      first order): var_o = sum_j p_j^2 ((v_j - o)^2 var_z,j + var_v,j), var_z,j = scale^2 sum_c q_c^2 var_k,jc,
@@ -234,7 +235,7 @@ Check check_output(const Problem& p, const std::vector<float>& out, const Stored
                 auto v_true = [&](std::size_t j) { return double(p.V[(j * p.Hkv + kvh) * d + c]); };
                 auto v_stored = [&](std::size_t j) { return double(s.V[(j * p.Hkv + kvh) * d + c]); };
                 auto e_v = [&](std::size_t j) { return double(e.V[(j * p.Hkv + kvh) * d + c]); };
-                const double fp32 = propagate(stored, c, dz_f, v_stored, [&](std::size_t j) { return gamma(n + 8) * std::abs(v_stored(j)); }) +
+                const double fp32 = propagate(stored, c, dz_f, v_stored, [&](std::size_t j) { return gamma(n + 9) * std::abs(v_stored(j)); }) +
                                     4 * kU * std::abs(stored.o[c]);
                 const double worst = 2 * (propagate(truth, c, dz_q, v_true, e_v) + fp32);
                 double var = 0;

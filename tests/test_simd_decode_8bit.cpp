@@ -2,8 +2,9 @@
 // and fp8_e5m2 rows, mha/quantized.hpp), once per ISA this CPU has (mha::set_isa_cap).
 // Contract (simd.hpp): the rows are widened as they are loaded to exactly ElementFormat::widen's values (int8:
 // q·s_b with the row's float16 scale of block b; fp8: to_float·scale), and the arithmetic and its order are those
-// of float K / V holding them. So the oracle is the float kernel itself on the widened rows, and the check is
-// bitwise equality, a NaN equal to any NaN (the float kernel has its own error bounds in
+// of float K / V holding them; except int8 V, whose block scales are folded into P (o += Σ_j fl(p_j·s_j,b)·q_j,c).
+// So the oracle is the float kernel itself on the widened rows (int8 V: per block, on P·s_b and the integers), and
+// the check is bitwise equality, a NaN equal to any NaN (the float kernel has its own error bounds in
 // test_simd_decode_kernels.cpp). A lane read from the wrong column, a wrong block's scale, a lost tail element,
 // a wrong conversion (every fp8 code is used, NaN and the subnormals included) or a read of padding changes the
 // bits. (At the avx512_bf16 level on CPUs with AVX512_VNNI, int8 scores with d a multiple of 64 are integer dot
@@ -90,6 +91,10 @@ struct ByteMat {
             mha::detail::element_format(type).widen(row(i), wide_buf.data() + kGuard + i * d, d, scale);
         }
     }
+    // wide() again from the bytes (after they were written directly).
+    void rewiden() {
+        for (std::size_t i = 0; i < rows; ++i) mha::detail::element_format(type).widen(row(i), wide_buf.data() + kGuard + i * d, d, scale);
+    }
     template <class E>
     mha::MatrixView<const E> view() const {
         return {reinterpret_cast<const E*>(buf.data() + begin), rows, d, stride};
@@ -125,6 +130,24 @@ void scores(float scale, ConstMatrix q, const ByteMat& k, Matrix s) {
 }
 void accumulate(ConstMatrix p, const ByteMat& v, Matrix o) {
     with_type(v.type, [&](auto e) { mha::simd::decode_accumulate(p, v.view<decltype(e)>(), o, {}, v.scale); });
+}
+
+// What decode_accumulate must give (simd.hpp): fp8, the float kernel on the widened rows; int8, whose block scales
+// fold into P, per block b of 32 columns the float kernel on P·s_b (one float product per element) and the
+// integers as floats.
+void accumulate_model(ConstMatrix p, ByteMat& v, Matrix o) {
+    if (v.type != DataType::int8) return mha::simd::decode_accumulate(p, v.wide(), o);
+    const std::size_t M = p.rows, n = v.rows;
+    for (std::size_t c0 = 0; c0 < v.d; c0 += mha::kInt8Block) {
+        const std::size_t w = std::min(mha::kInt8Block, v.d - c0);
+        std::vector<float> pb(M * n), vb(n * w);
+        for (std::size_t j = 0; j < n; ++j) {
+            const float s = mha::int8_row_scale(v.row(j), v.d, c0 / mha::kInt8Block);
+            for (std::size_t m = 0; m < M; ++m) pb[m * n + j] = p.data[m * p.stride + j] * s;
+            for (std::size_t c = 0; c < w; ++c) vb[j * w + c] = static_cast<float>(static_cast<std::int8_t>(v.row(j)[c0 + c]));
+        }
+        mha::simd::decode_accumulate(ConstMatrix{pb.data(), M, n, n}, ConstMatrix{vb.data(), n, w, w}, Matrix{o.data + c0, M, w, o.stride});
+    }
 }
 
 struct Param {
@@ -185,7 +208,7 @@ TEST_P(Decode8Bit, AccumulateEqualsTheFloatKernelOnWidenedValues) {
                 ByteMat v(t, scale_for(t, c), n, d, pad, offset, 2);
                 v.fill(gen);
                 accumulate(p.cview(), v, o8.view());
-                mha::simd::decode_accumulate(p.cview(), v.wide(), o32.view());
+                accumulate_model(p.cview(), v, o32.view());
                 ASSERT_TRUE(same_bits_or_nan(o8.buf, o32.buf)) << "M " << M << " n " << n << " d " << d << " pad " << pad << " offset " << offset;
             }
 }
@@ -214,13 +237,27 @@ TEST_P(Decode8Bit, SpecialValuesWidenExactly) {
         FloatMat q(M, d, 0), s8(M, n, 0), s32(M, n, 0), p(M, n, 0), o8(M, d, 0);
         q.fill(gen, -1.0f, 1.0f);
         p.fill(gen, 0.0f, 1.0f);
+        o8.fill(gen, -1.0f, 1.0f);
         FloatMat o32 = o8;
         scores(1.0f, q.cview(), k, s8.view());
         mha::simd::decode_scores(1.0f, q.cview(), k.wide(), s32.view());
         EXPECT_TRUE(same_bits_or_nan(s8.buf, s32.buf)) << "scores, d " << d;
         accumulate(p.cview(), k, o8.view());
-        mha::simd::decode_accumulate(p.cview(), k.wide(), o32.view());
+        accumulate_model(p.cview(), k, o32.view());
         EXPECT_TRUE(same_bits_or_nan(o8.buf, o32.buf)) << "accumulate, d " << d;
+        // One row at a time, so that a block whose scale is NaN leaves the other columns finite and checked.
+        for (std::size_t i = 0; i < n; ++i) {
+            ByteMat one(t, k.scale, 1, d, 1, 0, 0);
+            std::memcpy(one.row(0), k.row(i), mha::detail::element_format(t).row_elements(d));
+            one.rewiden();
+            FloatMat a(M, d, 0);
+            a.fill(gen, -1.0f, 1.0f);
+            FloatMat b = a;
+            const ConstMatrix pi{p.buf.data() + kGuard + i, M, 1, p.stride};
+            accumulate(pi, one, a.view());
+            accumulate_model(pi, one, b.view());
+            EXPECT_TRUE(same_bits_or_nan(a.buf, b.buf)) << "accumulate row " << i << ", d " << d;
+        }
     }
 }
 

@@ -465,6 +465,55 @@ struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch> && !std:
     }
 };
 
+// int8 V in decode_accumulate: the integers as floats, unscaled (each row's block scales are folded into P:
+// see decode_accumulate_kernel). Generic: one element at a time; in registers where the TU widens there.
+template <class Arch, class = void>
+struct Int8RawReader {
+    using B = batch<Arch>;
+    using Row = const qint8*;
+    MHA_GEMM_INLINE Row row(const qint8* p) const noexcept { return p; }
+    MHA_GEMM_INLINE B full(const qint8* row, std::size_t c) const noexcept {
+        alignas(64) float t[B::size];
+        for (std::size_t i = 0; i < B::size; ++i) t[i] = static_cast<float>(row[c + i].bits);
+        return B::load_aligned(t);
+    }
+    MHA_GEMM_INLINE B part(const qint8* row, std::size_t c, std::size_t r) const noexcept {
+        alignas(64) float t[B::size] = {};
+        for (std::size_t i = 0; i < r; ++i) t[i] = static_cast<float>(row[c + i].bits);
+        return B::load_aligned(t);
+    }
+};
+
+template <class Arch>
+struct Int8RawReader<Arch, std::enable_if_t<kWidensInRegisters<Arch>>> {
+    using B = batch<Arch>;
+    using Row = const qint8*;
+    MHA_GEMM_INLINE Row row(const qint8* p) const noexcept { return p; }
+    MHA_GEMM_INLINE B full(const qint8* row, std::size_t c) const noexcept { return B(int8_to_float(load_8bit(Arch{}, row + c))); }
+    MHA_GEMM_INLINE B part(const qint8* row, std::size_t c, std::size_t r) const noexcept {
+        return B(int8_to_float(load_8bit(Arch{}, row + c, r)));
+    }
+};
+
+// The float16 scale of block b of the int8 row of d elements at p, as a float.
+template <class Arch>
+inline MHA_GEMM_INLINE float int8_scale_value(const qint8* p, std::size_t d, std::size_t b) noexcept {
+    if constexpr (kWidensInRegisters<Arch>) {
+        std::uint16_t h;
+        std::memcpy(&h, reinterpret_cast<const unsigned char*>(p) + d + 2 * b, 2);
+        return half_to_float(Arch{}, h);
+    } else {
+        return int8_row_scale(p, d, b);
+    }
+}
+
+// Whether decode_accumulate folds T's scales into P (int8: o += Σ_j fl(p_j·s_j,b)·q_j,c) rather than widening
+// V to its values; and the reader its tiles read V through.
+template <class T>
+inline constexpr bool kFoldsScaleIntoP = std::is_same_v<T, qint8>;
+template <class Arch, class T>
+using AccumulateReader = std::conditional_t<kFoldsScaleIntoP<T>, Int8RawReader<Arch>, RowReader<Arch, T>>;
+
 // fp8: to float16 bits, vcvtph2ps (e4m3: times 256, NaN mended), times the tensor's scale.
 template <class Arch, class T>
 struct RowReader<Arch, T, std::enable_if_t<(std::is_same_v<T, fp8_e4m3> || std::is_same_v<T, fp8_e5m2>) && kWidensInRegisters<Arch>>> {
@@ -810,14 +859,56 @@ void scores_in_tiles(const RowReader<Arch, E>& reader, const RowStream<Arch>& st
 
 // ---- accumulate ------------------------------------------------------------------------------------
 
+// Folded P: a chunk's scaled P is laid out [block][query row][kFoldKeys] (at most kFoldKeys keys per chunk), so
+// that a tile reads every P it needs at a constant offset from one pointer.
+constexpr std::size_t kFoldKeys = 64;
+// Every accumulate tile of T is a multiple of kInt8Block columns wide or divides it, so vector i of a tile at
+// column c0 lies in block c0 / 32 + i·W / 32.
+template <class Arch, class T>
+constexpr bool tiles_fit_blocks() noexcept {
+    using D = DecodeTiles<Arch>;
+    constexpr std::size_t a = D::NV_FEW * D::W, b = D::template nv_many<T>() * D::W;
+    return (a % kInt8Block == 0 || kInt8Block % a == 0) && (b % kInt8Block == 0 || kInt8Block % b == 0);
+}
+
+// int8 V: P scaled per block, in slices of at most kFoldCols columns.
+constexpr std::size_t kFoldBlocks = 16;
+constexpr std::size_t kFoldCols = kFoldBlocks * kInt8Block;
+
+// out[(b·mr + i)·kFoldKeys + j] = p[i·ldp + j]·s[b·kFoldKeys + j] for b < nb, i < mr, j < n <= kFoldKeys (one
+// product: the bits of p·s).
+template <class Arch>
+inline void scale_rows(const float* p, std::size_t ldp, std::size_t mr, std::size_t n, const float* s, std::size_t nb,
+                       float* out) noexcept {
+    using B = batch<Arch>;
+    constexpr std::size_t W = B::size;
+    const std::size_t full = n / W * W;
+    const Part<Arch> part(n - full);
+    for (std::size_t b = 0; b < nb; ++b)
+        for (std::size_t i = 0; i < mr; ++i) {
+            const float* pi = p + i * ldp;
+            const float* sb = s + b * kFoldKeys;
+            float* oi = out + (b * mr + i) * kFoldKeys;
+            for (std::size_t j = 0; j < full; j += W) (B::load_unaligned(pi + j) * B::load_unaligned(sb + j)).store_unaligned(oi + j);
+            if (full != n) part.store(part.load(pi + full) * part.load(sb + full), oi + full);
+        }
+}
+
 // One register tile: o[m, c] += Σ_{j < n} p[m, j]·v[j, c] for m < MR, c < NF·W + (P ? r : 0).
-// v: the rows' starts; the tile's columns start at c0 of them.
+// v: the rows' starts; the tile's columns start at c0 of them. Where T's scales fold into P (int8), v is read
+// unscaled and p holds one P per block of 32 columns, [block][MR][kFoldKeys] (column c reads block c / 32's; ldp
+// unused).
 template <class Arch, class T, std::size_t MR, std::size_t NF, bool P>
-MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp,
-                                     const T* v, std::size_t ldv, std::size_t c0, float* o, std::size_t ldo, std::size_t r,
-                                     const RowPlan<Arch>& plan) noexcept {
+MHA_DECODE_TILE void accumulate_tile(const AccumulateReader<Arch, T>& reader, std::size_t n, const float* p, std::size_t ldp,
+                                     const T* v, std::size_t ldv, std::size_t c0, float* o, std::size_t ldo,
+                                     std::size_t r, const RowPlan<Arch>& plan) noexcept {
     using B = batch<Arch>;
     constexpr std::size_t W = B::size, NA = NF + (P ? 1 : 0);
+    // Folded: vector i reads the P of block c0 / 32 + i·W / 32, at (that block − c0 / 32)·MR·kFoldKeys from p.
+    if constexpr (kFoldsScaleIntoP<T>) {
+        static_assert(tiles_fit_blocks<Arch, T>());
+        p += c0 / kInt8Block * MR * kFoldKeys;
+    }
     const Part<Arch> part(P ? r : 1);
     auto load_o = [&](const float* x, auto i) MHA_GEMM_INLINE {
         if constexpr (P && decltype(i)::value == NF)
@@ -840,14 +931,21 @@ MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size
         if (j < n_ahead) read_ahead<Arch>(*plan.stream, plan.ahead_first + j, plan.ahead_first + j + 1);
         if (j < n_prefetch) prefetch_row_l2<Arch>(plan.prefetch + j * plan.ld, plan.bytes);
         B vv[NA];
-        typename RowReader<Arch, T>::Row row = reader.row(v);
+        typename AccumulateReader<Arch, T>::Row row = reader.row(v);
         unroll<NA>([&](auto i) MHA_GEMM_INLINE {
             enter_block(reader, row, c0 + decltype(i)::value * W, decltype(i)::value == 0);
             vv[i] = load_v(row, i);
         });
         unroll<MR>([&](auto m) MHA_GEMM_INLINE {
-            const B pm(p[m * ldp]);
-            unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
+            if constexpr (kFoldsScaleIntoP<T>) {
+                unroll<NA>([&](auto i) MHA_GEMM_INLINE {
+                    constexpr std::size_t at = (decltype(i)::value * W / kInt8Block * MR + decltype(m)::value) * kFoldKeys;
+                    acc[m][i] = fmadd<Arch>(B(p[at]), vv[i], acc[m][i]);
+                });
+            } else {
+                const B pm(p[m * ldp]);
+                unroll<NA>([&](auto i) MHA_GEMM_INLINE { acc[m][i] = fmadd<Arch>(pm, vv[i], acc[m][i]); });
+            }
         });
         p += 1;
         v += ldv;
@@ -863,8 +961,8 @@ MHA_DECODE_TILE void accumulate_tile(const RowReader<Arch, T>& reader, std::size
 }
 
 template <class Arch, class T>
-using AccumulateTileFn = void (*)(const RowReader<Arch, T>&, std::size_t, const float*, std::size_t, const T*, std::size_t,
-                                  std::size_t, float*, std::size_t, std::size_t, const RowPlan<Arch>&) noexcept;
+using AccumulateTileFn = void (*)(const AccumulateReader<Arch, T>&, std::size_t, const float*, std::size_t, const T*,
+                                  std::size_t, std::size_t, float*, std::size_t, std::size_t, const RowPlan<Arch>&) noexcept;
 
 template <class Arch, class T>
 struct AccumulateTable {
@@ -925,10 +1023,21 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
         make_accumulate_table<Arch, E>(std::make_index_sequence<MB * (T::NV_MAX + 1) * 2>{});
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     if (M == 0 || n == 0 || d == 0) return;
-    const RowReader<Arch, E> reader{d, kv_scale};
+    const AccumulateReader<Arch, E> reader = [&] {
+        if constexpr (kFoldsScaleIntoP<E>)
+            return AccumulateReader<Arch, E>{};
+        else
+            return AccumulateReader<Arch, E>{d, kv_scale};
+    }();
     const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
-    const std::size_t full = d / W, r = d % W;  // whole vectors per row, then r columns
+    // int8: columns in slices of at most kFoldCols (d up to that in one), P scaled per block into `scaled`.
+    alignas(64) float block_scale[kFoldsScaleIntoP<E> ? kFoldBlocks * kFoldKeys : 1];
+    alignas(64) float scaled[kFoldsScaleIntoP<E> ? kFoldBlocks * MB * kFoldKeys : 1];
+    for (std::size_t cl = 0; cl < d; cl += kFoldCols) {
+    const std::size_t ch = kFoldsScaleIntoP<E> ? min_size(d, cl + kFoldCols) : d, dc = ch - cl;
+    const std::size_t nb = (dc + kInt8Block - 1) / kInt8Block;  // int8 blocks of the slice
+    const std::size_t full = dc / W, r = dc % W;  // whole vectors per row, then r columns
     // Vectors per column tile. Float V stays on NV: it is memory-bound, and wider tiles read ahead in bigger
     // bursts (f32, M 1, d 64: 10.7 -> 11.9 ms on Zen 2).
     constexpr std::size_t NV_MANY = T::template nv_many<E>();
@@ -938,10 +1047,16 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
     const std::size_t query_tiles = (M + MB - 1) / MB;
     const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
     const bool few = query_tiles <= kFewQueryTiles;
-    const std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
+    std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
+    if constexpr (kFoldsScaleIntoP<E>) J = min_size(J, kFoldKeys);
     for (std::size_t j0 = 0, jn = 0; j0 < n; j0 += jn) {
         jn = min_size(J, run_end<Arch>(v.blocks, n, j0) - j0);  // a chunk lies within one run
         const E* vj = row_of<Arch>(v, j0);
+        if constexpr (kFoldsScaleIntoP<E>) {  // the chunk's block scales, block-major
+            for (std::size_t jj = 0; jj < jn; ++jj)
+                for (std::size_t b = 0; b < nb; ++b)
+                    block_scale[b * kFoldKeys + jj] = int8_scale_value<Arch>(vj + jj * v.stride, d, cl / kInt8Block + b);
+        }
         // The next chunk's rows (within its run), prefetched a share per tile when compute-bound.
         const std::size_t next = few || j0 + jn >= n ? 0 : min_size(J, run_end<Arch>(v.blocks, n, j0 + jn) - j0 - jn);
         const std::size_t share = (next + tiles - 1) / tiles;
@@ -966,21 +1081,29 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
         for (std::size_t m = 0; m < M; m += MB) {
             const std::size_t mr = min_size(MB, M - m);
             const float* pm = p.data + m * p.stride + j0;
-            float* om = o.data + m * o.stride;
+            std::size_t ldp = p.stride;
+            if constexpr (kFoldsScaleIntoP<E>) {  // P of block b, row mm: scaled[(b·mr + mm)·kFoldKeys + jj] = p·s_b
+                scale_rows<Arch>(pm, p.stride, mr, jn, block_scale, nb, scaled);
+                pm = scaled;
+                ldp = kFoldKeys;
+            }
+            float* om = o.data + m * o.stride + cl;
+            const E* vc = vj + cl;
             for (std::size_t b = 0; b < blocks; ++b) {
                 const std::size_t c = b * NV * W;
                 const RowPlan<Arch> rp = plan();
                 if (mr == MB && NV == NV_MANY)
-                    accumulate_tile<Arch, E, MB, NV_MANY, false>(reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
+                    accumulate_tile<Arch, E, MB, NV_MANY, false>(reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
                 else
-                    table.f[mr - 1][NV][0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, 0, rp);
+                    table.f[mr - 1][NV][0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
             }
             if (tail_full != 0 || r != 0) {
                 const std::size_t c = blocks * NV * W;
                 const RowPlan<Arch> rp = plan();
-                table.f[mr - 1][tail_full][r != 0](reader, jn, pm, p.stride, vj, v.stride, c, om + c, o.stride, r, rp);
+                table.f[mr - 1][tail_full][r != 0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, r, rp);
             }
         }
+    }
     }
 }
 
