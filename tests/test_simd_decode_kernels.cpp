@@ -62,7 +62,7 @@ constexpr std::size_t kGuard = 19;  // sentinel floats before and after each buf
 
 constexpr std::size_t kMs[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 128};
 constexpr std::size_t kNs[] = {1, 2, 3, 4, 5, 15, 16, 17, 255, 256};
-constexpr std::size_t kDs[] = {1, 3, 8, 15, 16, 17, 31, 32, 64, 80, 96, 128, 129, 256};
+constexpr std::size_t kDs[] = {1, 3, 8, 15, 16, 17, 31, 32, 64, 80, 96, 128, 129, 256, 544};
 
 double gamma_k(double k) { return k * kU / (1.0 - k * kU); }
 

@@ -414,11 +414,12 @@ inline MHA_GEMM_INLINE batch<Arch> int8_block_scale(const qint8* p, std::size_t 
     return batch<Arch>(half_to_float(Arch{}, h));
 }
 
-// int8: sign-extend, convert, times the block's scale (a vector lies within one block of 32). Two readers: AVX2
+// int8 (the scores' reader; decode_accumulate reads V unscaled, Int8RawReader): sign-extend, convert, times the
+// block's scale (a vector lies within one block of 32). Two readers: AVX2
 // widens one block's scale as a kernel enters the block (at_block, kScaleBlock); AVX-512 and NEON widen the
 // row's first W block scales once per row (row()) and pick a vector's by a permute, later blocks (d > 32·W)
-// one at a time. On Zen 2 the per-row vector conversion and lane-crossing permutes cost more (decode
-// accumulate, M 1, d 128: 11.6 ms against 7.0 ms with a scale widened per vector, and less with one per block).
+// one at a time. On Zen 2 the per-row vector conversion and lane-crossing permutes cost more (measured when
+// accumulate still read V through it, M 1, d 128: 11.6 ms against 7.0 ms with a scale widened per vector).
 template <class Arch>
 struct RowReader<Arch, qint8, std::enable_if_t<kWidensInRegisters<Arch> && std::is_same_v<Arch, arch_avx2>>> {
     using B = batch<Arch>;
@@ -1034,76 +1035,76 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
     // int8: columns in slices of at most kFoldCols (d up to that in one), P scaled per block into `scaled`.
     alignas(64) float block_scale[kFoldsScaleIntoP<E> ? kFoldBlocks * kFoldKeys : 1];
     alignas(64) float scaled[kFoldsScaleIntoP<E> ? kFoldBlocks * MB * kFoldKeys : 1];
-    for (std::size_t cl = 0; cl < d; cl += kFoldCols) {
-    const std::size_t ch = kFoldsScaleIntoP<E> ? min_size(d, cl + kFoldCols) : d, dc = ch - cl;
-    const std::size_t nb = (dc + kInt8Block - 1) / kInt8Block;  // int8 blocks of the slice
-    const std::size_t full = dc / W, r = dc % W;  // whole vectors per row, then r columns
-    // Vectors per column tile. Float V stays on NV: it is memory-bound, and wider tiles read ahead in bigger
-    // bursts (f32, M 1, d 64: 10.7 -> 11.9 ms on Zen 2).
-    constexpr std::size_t NV_MANY = T::template nv_many<E>();
-    const std::size_t NV = M <= T::FEW_ROWS && !std::is_same_v<E, float> ? T::NV_FEW : NV_MANY;
-    const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
-    const std::size_t tail_full = full - blocks * NV;
-    const std::size_t query_tiles = (M + MB - 1) / MB;
-    const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
-    const bool few = query_tiles <= kFewQueryTiles;
-    std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
-    if constexpr (kFoldsScaleIntoP<E>) J = min_size(J, kFoldKeys);
-    for (std::size_t j0 = 0, jn = 0; j0 < n; j0 += jn) {
-        jn = min_size(J, run_end<Arch>(v.blocks, n, j0) - j0);  // a chunk lies within one run
-        const E* vj = row_of<Arch>(v, j0);
-        if constexpr (kFoldsScaleIntoP<E>) {  // the chunk's block scales, block-major
-            for (std::size_t jj = 0; jj < jn; ++jj)
-                for (std::size_t b = 0; b < nb; ++b)
-                    block_scale[b * kFoldKeys + jj] = int8_scale_value<Arch>(vj + jj * v.stride, d, cl / kInt8Block + b);
+    for (std::size_t cl = 0; cl < d; cl += kFoldsScaleIntoP<E> ? kFoldCols : d) {
+        const std::size_t ch = kFoldsScaleIntoP<E> ? min_size(d, cl + kFoldCols) : d, dc = ch - cl;
+        const std::size_t nb = (dc + kInt8Block - 1) / kInt8Block;  // int8 blocks of the slice
+        const std::size_t full = dc / W, r = dc % W;  // whole vectors per row, then r columns
+        // Vectors per column tile. Float V stays on NV: it is memory-bound, and wider tiles read ahead in bigger
+        // bursts (f32, M 1, d 64: 10.7 -> 11.9 ms on Zen 2).
+        constexpr std::size_t NV_MANY = T::template nv_many<E>();
+        const std::size_t NV = M <= T::FEW_ROWS && !std::is_same_v<E, float> ? T::NV_FEW : NV_MANY;
+        const std::size_t blocks = full / NV;      // column tiles of NV whole vectors
+        const std::size_t tail_full = full - blocks * NV;
+        const std::size_t query_tiles = (M + MB - 1) / MB;
+        const std::size_t tiles = query_tiles * (blocks + (tail_full != 0 || r != 0 ? 1 : 0));  // per chunk
+        const bool few = query_tiles <= kFewQueryTiles;
+        std::size_t J = max_size(4, few ? kChunkBytesFew / row_storage_bytes<E>(d) : kChunkFloatsMany / d);  // V rows per chunk
+        if constexpr (kFoldsScaleIntoP<E>) J = min_size(J, kFoldKeys);
+        for (std::size_t j0 = 0, jn = 0; j0 < n; j0 += jn) {
+            jn = min_size(J, run_end<Arch>(v.blocks, n, j0) - j0);  // a chunk lies within one run
+            const E* vj = row_of<Arch>(v, j0);
+            if constexpr (kFoldsScaleIntoP<E>) {  // the chunk's block scales, block-major
+                for (std::size_t jj = 0; jj < jn; ++jj)
+                    for (std::size_t b = 0; b < nb; ++b)
+                        block_scale[b * kFoldKeys + jj] = int8_scale_value<Arch>(vj + jj * v.stride, d, cl / kInt8Block + b);
+            }
+            // The next chunk's rows (within its run), prefetched a share per tile when compute-bound.
+            const std::size_t next = few || j0 + jn >= n ? 0 : min_size(J, run_end<Arch>(v.blocks, n, j0 + jn) - j0 - jn);
+            const std::size_t share = (next + tiles - 1) / tiles;
+            const std::size_t ahead_share = (jn + tiles - 1) / tiles;  // rows each tile reads ahead
+            std::size_t t = 0;  // tiles of this chunk so far
+            auto plan = [&]() {
+                RowPlan<Arch> rp;
+                rp.ld = v.stride * sizeof(E);
+                rp.bytes = row_storage_bytes<E>(d);
+                {  // the chunk's read-ahead (as many rows as it has), a share per tile
+                    const std::size_t a0 = min_size(t * ahead_share, jn);
+                    rp.stream = &stream;
+                    rp.ahead_first = j0 + stream.distance + a0;
+                    rp.n_ahead = min_size(ahead_share, jn - a0);
+                }
+                const std::size_t first = min_size(t * share, next);
+                rp.n_prefetch = min_size(min_size(share, next - first), jn);
+                if (rp.n_prefetch != 0) rp.prefetch = reinterpret_cast<const char*>(row_of<Arch>(v, j0 + jn + first));
+                ++t;
+                return rp;
+            };
+            for (std::size_t m = 0; m < M; m += MB) {
+                const std::size_t mr = min_size(MB, M - m);
+                const float* pm = p.data + m * p.stride + j0;
+                std::size_t ldp = p.stride;
+                if constexpr (kFoldsScaleIntoP<E>) {  // P of block b, row mm: scaled[(b·mr + mm)·kFoldKeys + jj] = p·s_b
+                    scale_rows<Arch>(pm, p.stride, mr, jn, block_scale, nb, scaled);
+                    pm = scaled;
+                    ldp = kFoldKeys;
+                }
+                float* om = o.data + m * o.stride + cl;
+                const E* vc = vj + cl;
+                for (std::size_t b = 0; b < blocks; ++b) {
+                    const std::size_t c = b * NV * W;
+                    const RowPlan<Arch> rp = plan();
+                    if (mr == MB && NV == NV_MANY)
+                        accumulate_tile<Arch, E, MB, NV_MANY, false>(reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
+                    else
+                        table.f[mr - 1][NV][0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
+                }
+                if (tail_full != 0 || r != 0) {
+                    const std::size_t c = blocks * NV * W;
+                    const RowPlan<Arch> rp = plan();
+                    table.f[mr - 1][tail_full][r != 0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, r, rp);
+                }
+            }
         }
-        // The next chunk's rows (within its run), prefetched a share per tile when compute-bound.
-        const std::size_t next = few || j0 + jn >= n ? 0 : min_size(J, run_end<Arch>(v.blocks, n, j0 + jn) - j0 - jn);
-        const std::size_t share = (next + tiles - 1) / tiles;
-        const std::size_t ahead_share = (jn + tiles - 1) / tiles;  // rows each tile reads ahead
-        std::size_t t = 0;  // tiles of this chunk so far
-        auto plan = [&]() {
-            RowPlan<Arch> rp;
-            rp.ld = v.stride * sizeof(E);
-            rp.bytes = row_storage_bytes<E>(d);
-            {  // the chunk's read-ahead (as many rows as it has), a share per tile
-                const std::size_t a0 = min_size(t * ahead_share, jn);
-                rp.stream = &stream;
-                rp.ahead_first = j0 + stream.distance + a0;
-                rp.n_ahead = min_size(ahead_share, jn - a0);
-            }
-            const std::size_t first = min_size(t * share, next);
-            rp.n_prefetch = min_size(min_size(share, next - first), jn);
-            if (rp.n_prefetch != 0) rp.prefetch = reinterpret_cast<const char*>(row_of<Arch>(v, j0 + jn + first));
-            ++t;
-            return rp;
-        };
-        for (std::size_t m = 0; m < M; m += MB) {
-            const std::size_t mr = min_size(MB, M - m);
-            const float* pm = p.data + m * p.stride + j0;
-            std::size_t ldp = p.stride;
-            if constexpr (kFoldsScaleIntoP<E>) {  // P of block b, row mm: scaled[(b·mr + mm)·kFoldKeys + jj] = p·s_b
-                scale_rows<Arch>(pm, p.stride, mr, jn, block_scale, nb, scaled);
-                pm = scaled;
-                ldp = kFoldKeys;
-            }
-            float* om = o.data + m * o.stride + cl;
-            const E* vc = vj + cl;
-            for (std::size_t b = 0; b < blocks; ++b) {
-                const std::size_t c = b * NV * W;
-                const RowPlan<Arch> rp = plan();
-                if (mr == MB && NV == NV_MANY)
-                    accumulate_tile<Arch, E, MB, NV_MANY, false>(reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
-                else
-                    table.f[mr - 1][NV][0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, 0, rp);
-            }
-            if (tail_full != 0 || r != 0) {
-                const std::size_t c = blocks * NV * W;
-                const RowPlan<Arch> rp = plan();
-                table.f[mr - 1][tail_full][r != 0](reader, jn, pm, ldp, vc, v.stride, c, om + c, o.stride, r, rp);
-            }
-        }
-    }
     }
 }
 
