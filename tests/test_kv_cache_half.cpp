@@ -353,12 +353,11 @@ TEST_P(HalfCacheLayer, WorkspaceOfTheQueriedSizeSuffices) {
         std::vector<float> got;
         ASSERT_NO_THROW(got = s.run(m, c, mha::Backend::simd, 0, pc.impl, &ws));
         EXPECT_TRUE(mha_decode_test::same_bits(got, want));
-        // The widened copy is part of the count off the decode path: the f32 cache needs less there.
+        // The widened copy is part of the count off the decode path: the f32 cache needs less there. On the
+        // decode path nothing is widened, but 16-bit rows are split 1024 keys at a time where fp32 rows are split
+        // 512 (decode_split): one split here either way, with a score row twice as long.
         const std::size_t f32_bytes = s.workspace_bytes(m, s.cache(DataType::f32), pc.impl);
-        if (std::string(pc.name) == "decode")
-            EXPECT_EQ(bytes, f32_bytes);
-        else
-            EXPECT_GT(bytes, f32_bytes);
+        EXPECT_GT(bytes, f32_bytes);
     }
 }
 

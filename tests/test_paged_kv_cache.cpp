@@ -693,13 +693,15 @@ TEST(PagedKVCache, AStepPlanThatDoesNotFitIsRefused) {
     const std::size_t E = 64, d = 16;
     const DecoderLayer layer(E, 8, 2, d, mha::RopeConfig{}, true, false, 941), other(E, 4, 2, d, mha::RopeConfig{}, true, false, 942);
     const mha::MultiheadAttention m = layer.make(), wide = other.make();
-    mha::PagedKVCache c(8, 16, 2, d), taken(8, 16, 2, d), blocks32(8, 32, 2, d), heads4(8, 16, 4, d);
+    mha::PagedKVCache c(8, 16, 2, d), taken(8, 16, 2, d), blocks32(8, 32, 2, d), heads4(8, 16, 4, d),
+        int8s(8, 16, 2, d, mha::DataType::int8);
     const std::size_t a = c.add_sequence(), b = c.add_sequence();
     (void)taken.add_sequence(), (void)taken.add_sequence(), (void)blocks32.add_sequence(), (void)blocks32.add_sequence();
-    (void)heads4.add_sequence();
+    (void)heads4.add_sequence(), (void)int8s.add_sequence(), (void)int8s.add_sequence();
     (void)step_rows(m, c, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
     (void)step_rows(m, taken, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
     (void)step_rows(m, blocks32, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
+    (void)step_rows(m, int8s, {a, b}, {20, 10}, uniform(30 * E, 1.0f, 7), E);
     const std::vector<std::size_t> ids = {b, a}, q = {1, 3};
     const mha::StepPlan plan(m, c, ids.data(), q.data(), 2);
     const std::vector<float> x = uniform(4 * E, 1.0f, 8);
@@ -729,6 +731,8 @@ TEST(PagedKVCache, AStepPlanThatDoesNotFitIsRefused) {
     refused(m, c, 3, "T = sum of q_lens");
     refused(m, blocks32, 4, "made for blocks of 16 tokens but this cache has blocks of 32");
     refused(m, heads4, 4, "holds 4 KV heads of dim 16");
+    // Another element type: the decode path splits the keys by element size (decode_split), sized in the plan.
+    refused(m, int8s, 4, "the step plan was made for a cache of f32 but this cache holds int8");
     // The plan serves one step: once a cache took it, that cache is past it.
     std::vector<float> y(4 * E);
     m.forward_step(mha::ConstMatrix(x.data(), 4, E), mha::Matrix(y.data(), 4, E), taken, plan);

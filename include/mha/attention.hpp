@@ -166,8 +166,9 @@ enum class NeedWeights { none, averaged, per_head };
 //   automatic: fused when heads share KV heads (G > 1) or the scores would be large (Lk >= 1024), else
 //     materialized.
 // Few queries: with fused or automatic, a call with Lq <= 16 and G·Lq <= 128 (a decode step, a short chunk)
-// takes the decode path instead (the G·Lq stacked query rows against splits of 512 keys read in place,
-// merged exactly: flash-decoding) — AttentionPath::decode; ask MultiheadAttention::path / sdpa_path.
+// takes the decode path instead (the G·Lq stacked query rows against splits of keys read in place: 512 fp32,
+// 1024 16-bit or 2048 8-bit keys, merged exactly: flash-decoding) — AttentionPath::decode; ask
+// MultiheadAttention::path / sdpa_path.
 // need_weights always materializes. The scalar backend always materializes (AttentionPath::scalar).
 enum class Algorithm { automatic, materialized, fused };
 // Deprecated: the old name of Algorithm, kept for one release (Impl::fused is Algorithm::fused).
@@ -335,8 +336,9 @@ public:
                         bool causal = false, int threads = 0, Backend backend = Backend::simd) const;
     // The same step given its plan (mha/step_plan.hpp), made once for all layers of a model: the sequences
     // are the plan's, x and y [plan.tokens(), E]. Also refused (nothing changed): a plan made for a layer of
-    // another configuration, or for a cache state this cache is not in (another block size, KV heads or head
-    // dim, a sequence missing or at another length: e.g. this cache already took the step). backend as above.
+    // another configuration, or for a cache state this cache is not in (another block size, element type, KV
+    // heads or head dim, a sequence missing or at another length: e.g. this cache already took the step).
+    // backend as above.
     void forward_step(const ConstMatrix& x, const Matrix& y, PagedKVCache& cache, const StepPlan& plan,
                       Backend backend = Backend::simd) const;
     // The same computations on 16-bit activations (HalfAttentionInputs above); the cache overload appends the

@@ -24,9 +24,9 @@ public:
     // The step of sequences seq_ids[i] (i < sequences) taking q_lens[i] new tokens each, as `cache` holds them
     // now, for layers configured as `layer` (embed_dim, num_heads, kv_heads, head_dim, compute type and RoPE
     // dims equal) run with `threads` (0: all cores of the arena the plan is made in; make it where
-    // forward_step runs). Usable with every cache of `cache`'s block size, KV heads and head dim that holds
-    // each sequence at the length it has in `cache` now: the caches of a model's layers, which take the same
-    // steps. Once a cache took the step its sequences are longer, so the plan is refused there
+    // forward_step runs). Usable with every cache of `cache`'s block size, element type, KV heads and head dim
+    // that holds each sequence at the length it has in `cache` now: the caches of a model's layers, which take
+    // the same steps. Once a cache took the step its sequences are longer, so the plan is refused there
     // (mha::invalid_argument): a plan serves one step. Errors (mha::invalid_argument, nothing changed): an id
     // not in the cache or given twice, q_lens[i] = 0, a step needing more new blocks than `cache` has in all
     // (checked here, before anything is sized by its tokens), a layer that is not self-attention (kdim = vdim =

@@ -47,9 +47,14 @@ inline constexpr std::size_t kKeyTileAlign = 32;
 // automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
 inline constexpr std::size_t kFusedMinKeys = 1024;
 
-// The decode path's limits and split: a split of 512 keys keeps B = 1, Hkv = 8 at 4096 keys in 64 tasks.
+// The decode path's limits and split. A split is 2048 bytes of elements per key column: 512 fp32 keys (B = 1,
+// Hkv = 8 at 4096 keys in 64 tasks), 1024 of 16 bits, 2048 of 8 bits. Narrow rows are compute-bound, and each
+// split costs its own setup, softmax calls, partial result and merge: one Zen 5 core, one sequence of 32768 int8
+// keys, 512 / 1024 / 2048 keys per split: 4.00 / 3.83 / 3.70 ms (bf16: 1024 against 512, 4.35 against 4.52 ms),
+// while fp32 rows, at the read bandwidth, gain nothing (16 ragged decodes around 2048 keys: 1024 is 2 % slower).
+// The split depends on the element type only, so every batch and thread count sees the same one.
 inline constexpr std::size_t kDecodeMaxQueries = 16;
-inline constexpr std::size_t kDecodeSplit = 512;
+inline constexpr std::size_t decode_split(DataType kv) noexcept { return data_type_bytes(kv) == 0 ? 512 : 2048 / data_type_bytes(kv); }
 
 enum class CorePath { materialized, grouped, decode };
 CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;
@@ -71,6 +76,7 @@ std::size_t scratch_mul(std::size_t a, std::size_t b);
 struct CoreShape {
     std::size_t B = 0, H = 0, Hkv = 0, d = 0, Lq = 0, Lk = 0;
     DataType compute = DataType::f32;  // CoreProblem::compute
+    DataType kv = DataType::f32;       // the K / V rows' element type (the decode path's split)
     // K and V come as CoreProblem::key_rows / value_rows that are not fp32 heads (a 16-bit or 8-bit cache, a
     // paged pool): the grouped path widens each block of rows it packs in a per-thread region.
     bool widen_rows = false;
@@ -82,7 +88,7 @@ inline constexpr std::size_t kGroupedPackBlock = 256;
 // (the caller multiplies the slot by the thread count). Sizes cover every ISA this CPU has.
 struct CoreLayout {
     std::size_t key_panels = 0, value_panels = 0, value_flags = 0;         // per call
-    std::size_t partials = 0, splits = 0;                                  // decode: per call, and splits per head
+    std::size_t partials = 0, splits = 0, split = 0;                       // decode: per call, splits per head, keys per split
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0;  // per thread
     std::size_t gemm_a = 0, gemm_b = 0;
     simd::GemmScratchSize gemm{};

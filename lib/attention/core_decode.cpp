@@ -1,5 +1,5 @@
 // The attention core's decode path (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of
-// 512 keys) the G·Lq stacked query rows against the split's keys, read in place by the decode kernels from
+// decode_split keys: 512 fp32, 1024 16-bit, 2048 8-bit) the G·Lq stacked query rows against the split's keys, read in place by the decode kernels from
 // CoreContext::keys / values (kv_rows.hpp: any element format, run by run, never copied):
 //   S = scale·Q·Kᵀ (simd::decode_scores), the split's softmax (running max m, sum l), O = P·V
 //   (simd::decode_accumulate) — one stream at a time: all the split's scores, then all its values;
@@ -22,7 +22,8 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 class DecodePath {
 public:
-    explicit DecodePath(const CoreContext& c) : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits) {}
+    explicit DecodePath(const CoreContext& c)
+        : c_(c), partials_(c.base + c.layout.partials), splits_(c.layout.splits), split_(c.layout.split) {}
 
     void run() const {
         const std::size_t Hkv = c_.Hkv, splits = splits_;
@@ -49,7 +50,7 @@ private:
     simd::RowsAhead first_keys(std::size_t t) const noexcept {
         const std::size_t b = t / splits_ / c_.Hkv, kvh = t / splits_ % c_.Hkv, split = t % splits_;
         const KeyRange keys = c_.visible_block(b, 0, c_.Lq);
-        const std::size_t lo = std::max(keys.lo, split * kDecodeSplit), hi = std::min(keys.hi, split * kDecodeSplit + kDecodeSplit);
+        const std::size_t lo = std::max(keys.lo, split * split_), hi = std::min(keys.hi, split * split_ + split_);
         return c_.keys.rows_ahead(b, kvh, lo, hi);
     }
 
@@ -63,7 +64,7 @@ private:
         reset_online_softmax(row_max, row_sum, o);
 
         const KeyRange keys = c_.visible_block(b, 0, c_.Lq);
-        std::size_t j0 = std::max(keys.lo, split * kDecodeSplit), j_end = std::min(keys.hi, split * kDecodeSplit + kDecodeSplit);
+        std::size_t j0 = std::max(keys.lo, split * split_), j_end = std::min(keys.hi, split * split_ + split_);
         const simd::MaskRow padding = c_.key_padding_row(b);
         if (padding.present()) {  // wholly padded tiles at either end of the split are not read
             while (j0 < j_end && all_masked(padding.from(j0), std::min(kKeyTile, j_end - j0))) j0 += kKeyTile;
@@ -76,7 +77,7 @@ private:
         if (j0 < j_end) {
             const std::size_t n = j_end - j0;
             c_.stack_queries(b, kvh, 0, c_.Lq, q);
-            const Matrix st(s.scores, m, n, kDecodeSplit);
+            const Matrix st(s.scores, m, n, split_);
             visit_element_type(c_.keys.format->type, [&](auto element) {
                 split_keys<decltype(element)>(b, kvh, j0, n, ConstMatrix(q), st, o, row_max, row_sum, next);
             });
@@ -153,7 +154,7 @@ private:
 
     const CoreContext& c_;
     float* partials_;
-    std::size_t splits_;
+    std::size_t splits_, split_;
 };
 
 }  // namespace

@@ -55,10 +55,11 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0, gemm16 = 0, widen = 0;
     if (path == CorePath::decode) {  // the decode kernels read K and V in place: no GEMM pack buffers
         const std::size_t m = s.H / s.Hkv * s.Lq;
-        l.splits = (s.Lk + kDecodeSplit - 1) / kDecodeSplit;
+        l.split = decode_split(s.kv);
+        l.splits = (s.Lk + l.split - 1) / l.split;
         l.partials = call.take(scratch_mul(scratch_mul(scratch_mul(s.B, s.Hkv), l.splits), scratch_mul(m, s.d + 2)));
         q_stack = scratch_mul(m, s.d);
-        scores = scratch_mul(m, kDecodeSplit);
+        scores = scratch_mul(m, l.split);
         accumulator = scratch_mul(m, s.d);
         row_stats = scratch_mul(2, m);
     } else if (path == CorePath::grouped) {

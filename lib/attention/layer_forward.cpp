@@ -91,7 +91,8 @@ ScratchLayout scratch_layout(const detail::LayerState& st, const LayerCall& call
     // A cache whose rows are not fp32 heads: decode reads them in place, grouped widens them as it packs, the
     // materialized path reads a widened copy.
     const bool cache_rows = cache != nullptr && !KVCacheAccess::keys(*cache).is_f32_heads();
-    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute, cache_rows && path == CorePath::grouped};
+    const DataType kv = cache != nullptr ? KVCacheAccess::keys(*cache).format->type : DataType::f32;
+    const CoreShape shape{B, st.H, st.Hkv, st.d, Lq, l.cache_keys, st.compute, kv, cache_rows && path == CorePath::grouped};
     if (cache_rows && path == CorePath::materialized) {
         const std::size_t floats = scratch_mul(scratch_mul(scratch_mul(B, st.Hkv), l.cache_keys), st.d);
         l.widen_cache = true;

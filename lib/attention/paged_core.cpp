@@ -11,7 +11,7 @@ namespace mha::detail {
 
 PagedCoreLayout paged_core_layout(std::size_t n, const std::size_t* key_lengths, const std::size_t* query_starts,
                                   std::size_t table_stride, std::size_t H, std::size_t Hkv, std::size_t d, DataType compute,
-                                  Carver& call, Carver& slot) {
+                                  DataType kv, Carver& call, Carver& slot) {
     PagedCoreLayout l;
     // Decode groups by q (at most kDecodeMaxQueries of them): group index + 1 per q, 0 = none yet.
     std::size_t decode_group[kDecodeMaxQueries + 1] = {};
@@ -53,7 +53,8 @@ PagedCoreLayout paged_core_layout(std::size_t n, const std::size_t* key_lengths,
         } else {  // grouped: widens the pool's rows as it packs them
             g.lengths = c.take(sizeof(std::size_t) / sizeof(float));
         }
-        g.core = core_layout(CoreShape{k, H, Hkv, d, g.q, g.keys, compute, g.path == CorePath::grouped}, g.path, NeedWeights::none, c, s);
+        g.core = core_layout(CoreShape{k, H, Hkv, d, g.q, g.keys, compute, kv, g.path == CorePath::grouped}, g.path, NeedWeights::none,
+                             c, s);
         call_end = std::max(call_end, c.total);
         slot_end = std::max(slot_end, s.total);
     }

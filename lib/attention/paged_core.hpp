@@ -50,7 +50,7 @@ struct PagedCoreLayout {
 // from slot.total on; both Carvers end past the largest group.
 PagedCoreLayout paged_core_layout(std::size_t n, const std::size_t* key_lengths, const std::size_t* query_starts,
                                   std::size_t table_stride, std::size_t H, std::size_t Hkv, std::size_t d, DataType compute,
-                                  Carver& call, Carver& slot);
+                                  DataType kv, Carver& call, Carver& slot);
 
 // Runs every group; call inside the arena the slots were sized for.
 void run_paged_core(const PagedCoreProblem& p, const PagedCoreLayout& layout, float* base, float* slots, std::size_t slot_floats,

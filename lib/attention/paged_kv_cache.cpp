@@ -93,6 +93,7 @@ StepComposition PagedKVCacheAccess::compose_step(const PagedKVCache& c, const st
     StepComposition r;
     r.sequences = n;
     r.block_size = bs;
+    r.element = c.pool_.element;
     r.ids.assign(ids, ids + n);
     r.query_starts.assign(n + 1, 0);
     r.key_lengths.assign(n, 0);
@@ -123,6 +124,9 @@ StepReservation PagedKVCacheAccess::reserve_step(const PagedKVCache& c, const St
     const std::size_t bs = c.pool_.block_size, n = step.sequences;
     if (bs != step.block_size)
         fail("the step plan was made for blocks of " + str(step.block_size) + " tokens but this cache has blocks of " + str(bs));
+    if (c.pool_.element != step.element)
+        fail("the step plan was made for a cache of " + std::string(data_type_name(step.element)) + " but this cache holds " +
+             std::string(data_type_name(c.pool_.element)));
     // Copy-on-write of a shared partial last block: each of its writers in this step copies it, except that when
     // every sequence holding it writes, the longest of them (the last such in step order) keeps it and writes in
     // place, past every other holder's rows (so a failed step leaves only rows nobody reads).

@@ -37,6 +37,7 @@ KVRows pool_rows(const PagedKVPool& pool, bool values, const std::uint32_t* tabl
 
 struct StepComposition {
     std::size_t sequences = 0, table_stride = 0, block_size = 0;
+    DataType element = DataType::f32;  // the pool's (the decode path's split)
     std::vector<std::size_t> ids, query_starts, key_lengths;  // [n], [n + 1], [n]: key lengths after the step
 };
 

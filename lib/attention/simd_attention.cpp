@@ -137,7 +137,8 @@ void simd_paged_attention(const ConstMatrix& q, const PagedKVPool& pool, const P
                           std::size_t H, float scale, int threads, const ScoreModifiers& mods) {
     detail::Carver call, slot;
     const detail::PagedCoreLayout core = detail::paged_core_layout(seqs.count, seqs.key_lengths, seqs.query_starts, seqs.table_stride,
-                                                                   H, pool.kv_heads, pool.head_dim, DataType::f32, call, slot);
+                                                                   H, pool.kv_heads, pool.head_dim, DataType::f32, pool.element, call,
+                                                                   slot);
     const detail::SlotLayout slots = detail::place_slots(call, slot, threads);
     detail::PagedCoreProblem p;
     p.q = q, p.out = out;

@@ -25,7 +25,7 @@ StepLayout step_layout(const LayerState& st, const StepComposition& r, int threa
     l.scratch = scratch_layout(st, l.call, [](void* ctx, Carver& call, Carver& slot) {
         auto& a = *static_cast<Args*>(ctx);
         a.core = paged_core_layout(a.r.sequences, a.r.key_lengths.data(), a.r.query_starts.data(), a.r.table_stride, a.st.H,
-                                   a.st.Hkv, a.st.d, a.st.compute, call, slot);
+                                   a.st.Hkv, a.st.d, a.st.compute, a.r.element, call, slot);
     }, &args);
     return l;
 }
