@@ -6,7 +6,7 @@
 //   grouped (fused): per (batch, KV head, query block) the G query heads' rows are stacked into one
 //     [G·rows, d] block and run against one pass over that KV head's keys, K_hᵀ and V_h packed into GEMM
 //     panels once per call (reads each K and V row once per group), key tiles with the online softmax;
-//   decode (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of 512 keys) the G·Lq stacked
+//   decode (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split: decode_split) the G·Lq stacked
 //     rows against the split's keys read in place by the decode kernels (simd::decode_scores, then the split's
 //     softmax, then simd::decode_accumulate: every cached row read once per group, no copy of the cache);
 //     the splits' (max, sum, output) are merged exactly by rescaling (flash-decoding). Splits depend on the

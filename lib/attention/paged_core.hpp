@@ -4,7 +4,7 @@
 // The step is cut into groups, each one AttentionCore call (attention_core.hpp), run one after another:
 //   a decode group: the sequences with the same q (decode path: q <= 16, G·q <= 128), their query rows
 //     gathered into [k, q, H·d], keys read in place through their block tables, tasks per (sequence,
-//     KV head, split of 512 keys) — balanced by keys visited;
+//     KV head, split of decode_split keys) — balanced by keys visited;
 //   a single: any other sequence alone, on the path core_path chooses for (q_i, L): grouped reads its rows in the
 //     blocks (widening each block of rows it packs), materialized a copy widened into [Hkv, L, d].
 // Batch invariance: what a sequence's rows depend on is its own (q_i, L) and keys only: the path and the
