@@ -1,5 +1,5 @@
 // The decode path of the attention core (lib/attention/attention_core.hpp: Lq <= 16 and G·Lq <= 128; per
-// (batch, KV head, split of kDecodeSplit = 512 keys) tasks, each key tile of kKeyTile = 256 read in place,
+// (batch, KV head, split of decode_split = 512 fp32 keys) tasks, each key tile of kKeyTile = 256 read in place,
 // the splits' (max, sum, output) merged in a fixed order), issue 13:
 //   - through mha::scaled_dot_product_attention (q [B, H, Lq, d], k/v [B, Hkv, Lk, d]) at the split and tile
 //     edges Lk ∈ {1, 255, 256, 257, 511, 512, 513, 4097}, every G ∈ {1, 2, 4, 8, H = 16}, d ∈ {64, 128, 80},

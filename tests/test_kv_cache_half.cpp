@@ -3,7 +3,7 @@
 //     rows equal mha::round_to_bf16 / round_to_f16 of what was appended), keys_as<T>() / copy_keys; the fp32
 //     accessors refuse a half cache with mha::invalid_argument and so do keys_as of the wrong type and
 //     copy_keys into a wrong shape;
-//   - a decode step (B = 2 ragged prefixes over several 512-key splits, G = 4, RoPE, Lq = 1 and 4) and the
+//   - a decode step (B = 2 ragged prefixes over two 2048-key splits, G = 4, RoPE, Lq = 1 and 4) and the
 //     grouped (Lq = 20) and materialized (Impl::materialized) paths, each on the scalar backend and on SIMD on
 //     every ISA, against a double evaluation of the same step (decode_test_util.hpp: step_double with
 //     KVRounding): the cached rows exact (bound 0), each new K / V element rounded when appended, which adds
@@ -234,7 +234,10 @@ TEST_P(HalfCacheLayer, EveryPathAgainstDoubleAndScalar) {
                                PathCase{20, mha::Impl::automatic, "grouped"}, PathCase{3, mha::Impl::materialized, "materialized"}})
         for (std::size_t d : {64u, 80u}) {
             seed += 30;
-            const HalfStep s(DecoderLayer(96, 8, 2, d, rope, true, false, seed), pc.Lq, {1100, 517}, seed + 3);
+            // The decode cases past one split of 16-bit rows (2048 keys: decode_split), so the merge is checked too.
+            const std::vector<std::size_t> prefix = std::string(pc.name) == "decode" ? std::vector<std::size_t>{2200, 517}
+                                                                                   : std::vector<std::size_t>{1100, 517};
+            const HalfStep s(DecoderLayer(96, 8, 2, d, rope, true, false, seed), pc.Lq, prefix, seed + 3);
             SCOPED_TRACE(::testing::Message() << pc.name << " Lq " << pc.Lq << " d " << d);
             const mha::MultiheadAttention m = s.layer.make();
             const mha::KVCache before = s.cache(t);
@@ -354,10 +357,15 @@ TEST_P(HalfCacheLayer, WorkspaceOfTheQueriedSizeSuffices) {
         ASSERT_NO_THROW(got = s.run(m, c, mha::Backend::simd, 0, pc.impl, &ws));
         EXPECT_TRUE(mha_decode_test::same_bits(got, want));
         // The widened copy is part of the count off the decode path: the f32 cache needs less there. On the
-        // decode path nothing is widened, but 16-bit rows are split 1024 keys at a time where fp32 rows are split
-        // 512 (decode_split): one split here either way, with a score row twice as long.
+        // decode path nothing is widened, but 16-bit rows are split 2048 keys at a time where fp32 rows are split
+        // 512 (decode_split): one split here either way, with a score row four times as long; both 16-bit types
+        // need the same.
         const std::size_t f32_bytes = s.workspace_bytes(m, s.cache(DataType::f32), pc.impl);
         EXPECT_GT(bytes, f32_bytes);
+        if (std::string(pc.name) == "decode") {
+            const DataType other = t == DataType::bf16 ? DataType::f16 : DataType::bf16;
+            EXPECT_EQ(bytes, s.workspace_bytes(m, s.cache(other), pc.impl));
+        }
     }
 }
 

@@ -230,10 +230,11 @@ TEST(PagedKVCache, Int8StepsOnDotProductsEqualEachSequenceAlone) {
     }, true);
 }
 
-// Sequences past one decode split (512 keys) and past kFusedMinKeys (1024: MHA takes the grouped path), in
-// chunks, then decoding together with a new short prompt: ragged decode groups whose splits span blocks.
+// Sequences past one decode split (512 fp32 keys, 2048 of 16 or 8 bits: decode_split) and past kFusedMinKeys
+// (1024: MHA takes the grouped path), in chunks, then decoding together with a new short prompt: ragged decode
+// groups whose splits span blocks.
 TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
-    const std::vector<Step> steps = {{{0, 300}, {1, 1030}}, {{0, 300}, {2, 7}}, {{1, 1}, {0, 1}, {2, 1}}, {{2, 1}, {1, 2}, {0, 1}}};
+    const std::vector<Step> steps = {{{0, 300}, {1, 2100}}, {{0, 300}, {2, 7}}, {{1, 1}, {0, 1}, {2, 1}}, {{2, 1}, {1, 2}, {0, 1}}};
     std::vector<std::size_t> total(3, 0);
     for (const Step& s : steps)
         for (const Part& p : s) total[p.seq] += p.q;
@@ -242,7 +243,7 @@ TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
         const mha::MultiheadAttention m = layer.make();
         std::vector<std::vector<float>> x(3);
         for (std::size_t s = 0; s < 3; ++s) x[s] = uniform(total[s] * sh.E, 1.0f, 40 + std::uint32_t(s));
-        for (mha::DataType type : {mha::DataType::f32, mha::DataType::bf16}) {
+        for (mha::DataType type : {mha::DataType::f32, mha::DataType::bf16, mha::DataType::int8, mha::DataType::fp8_e4m3}) {
             // Each part alone in its sequence's contiguous cache.
             std::vector<mha::KVCache> alone;
             for (std::size_t s = 0; s < 3; ++s) alone.emplace_back(1, sh.Hkv, sh.d, total[s], type);
@@ -261,7 +262,7 @@ TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
             for (std::size_t bs : {16u, 128u}) {
                 SCOPED_TRACE("H " + std::to_string(sh.H) + ", type " + std::string(mha::data_type_name(type)) + ", block_size " +
                              std::to_string(bs));
-                mha::PagedKVCache cache(160, bs, sh.Hkv, sh.d, type);
+                mha::PagedKVCache cache(240, bs, sh.Hkv, sh.d, type);
                 std::vector<std::size_t> ids;
                 for (std::size_t s = 0; s < 3; ++s) ids.push_back(cache.add_sequence());
                 std::fill(at.begin(), at.end(), 0);

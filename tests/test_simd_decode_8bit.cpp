@@ -292,7 +292,8 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
     const DataType t = GetParam().type;
     std::mt19937 gen(24);
     for (const auto& [M, n, d, pad] : std::vector<std::array<std::size_t, 4>>{
-             {1, 1, 1, 0}, {4, 4, 16, 0}, {5, 17, 129, 3}, {3, 255, 3, 1}, {9, 16, 17, 0}, {4, 255, 128, 0}, {2, 5, 15, 2}}) {
+             {1, 1, 1, 0}, {4, 4, 16, 0}, {5, 17, 129, 3}, {3, 255, 3, 1}, {9, 16, 17, 0}, {4, 255, 128, 0}, {2, 5, 15, 2},
+             {4, 70, 600, 0}, {1, 65, 545, 1}, {9, 130, 1030, 0}}) {  // int8 P·V: column slices of 512, chunks of 64 keys
         ByteMat k(t, 0.75f, n, d, pad, 0, 0);
         k.fill(gen);
         const std::size_t row = mha::detail::element_format(t).row_elements(d), ld = k.stride;
@@ -302,9 +303,10 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
         FloatMat q(M, d, 0), p(M, n, 0), s_want(M, n, 0), s(M, n, 0), o_want(M, d, 0);
         q.fill(gen, -1.0f, 1.0f);
         p.fill(gen, 0.0f, 1.0f);
+        o_want.fill(gen, -1.0f, 1.0f);
         FloatMat o = o_want;
         mha::simd::decode_scores(0.5f, q.cview(), k.wide(), s_want.view());
-        mha::simd::decode_accumulate(p.cview(), k.wide(), o_want.view());
+        accumulate_model(p.cview(), k, o_want.view());
         const std::size_t rows = n, cols = d;  // structured bindings are not captured by lambdas before C++20 (clang 14)
         with_type(t, [&](auto e) {
             using E = decltype(e);

@@ -223,6 +223,7 @@ TEST_P(DecodeHalf, ReadsEndAtTheTile) {
         FloatMat q(M, d, 0), p(M, n, 0), s_want(M, n, 0), s(M, n, 0), o_want(M, d, 0);
         q.fill(gen, -1.0f, 1.0f);
         p.fill(gen, 0.0f, 1.0f);
+        o_want.fill(gen, -1.0f, 1.0f);
         FloatMat o = o_want;
         mha::simd::decode_scores(0.5f, q.cview(), k.wide(), s_want.view());
         mha::simd::decode_accumulate(p.cview(), k.wide(), o_want.view());

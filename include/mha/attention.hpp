@@ -166,8 +166,8 @@ enum class NeedWeights { none, averaged, per_head };
 //   automatic: fused when heads share KV heads (G > 1) or the scores would be large (Lk >= 1024), else
 //     materialized.
 // Few queries: with fused or automatic, a call with Lq <= 16 and G·Lq <= 128 (a decode step, a short chunk)
-// takes the decode path instead (the G·Lq stacked query rows against splits of keys read in place: 512 fp32,
-// 1024 16-bit or 2048 8-bit keys, merged exactly: flash-decoding) — AttentionPath::decode; ask
+// takes the decode path instead (the G·Lq stacked query rows against splits of keys read in place: 512 fp32
+// keys, 2048 of 16 or 8 bits, merged exactly: flash-decoding) — AttentionPath::decode; ask
 // MultiheadAttention::path / sdpa_path.
 // need_weights always materializes. The scalar backend always materializes (AttentionPath::scalar).
 enum class Algorithm { automatic, materialized, fused };

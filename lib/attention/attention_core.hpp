@@ -47,14 +47,24 @@ inline constexpr std::size_t kKeyTileAlign = 32;
 // automatic takes the grouped path from this many keys on, or whenever heads share KV heads (G > 1).
 inline constexpr std::size_t kFusedMinKeys = 1024;
 
-// The decode path's limits and split. A split is 2048 bytes of elements per key column: 512 fp32 keys (B = 1,
-// Hkv = 8 at 4096 keys in 64 tasks), 1024 of 16 bits, 2048 of 8 bits. Narrow rows are compute-bound, and each
-// split costs its own setup, softmax calls, partial result and merge: one Zen 5 core, one sequence of 32768 int8
-// keys, 512 / 1024 / 2048 keys per split: 4.00 / 3.83 / 3.70 ms (bf16: 1024 against 512, 4.35 against 4.52 ms),
-// while fp32 rows, at the read bandwidth, gain nothing (16 ragged decodes around 2048 keys: 1024 is 2 % slower).
-// The split depends on the element type only, so every batch and thread count sees the same one.
+// The decode path's limits and split (keys per split). fp32: 512 keys (B = 1, Hkv = 8 at 4096 keys in 64 tasks).
+// 16 and 8 bits: 2048 keys, halved while the split's m × keys scores (m = G·Lq stacked query rows) would pass
+// 64 K floats (256 KB: m 64 gets 1024, m 128 gets 512). Narrow rows are compute-bound (bf16 nearly), and each
+// split costs its own setup, per-row softmax calls, partial result and merge. One Zen 5 core, one sequence of
+// 32768 keys, m 4, splits of 512 / 1024 / 2048 keys: int8 4.00 / 3.83 / 3.70 ms; bf16 4.52 → 4.35 ms from 512 to
+// 1024 and 4.30 → 4.06 from 1024 to 2048 (two sittings). fp32 rows, at the read bandwidth, gain nothing (one
+// sequence 7.99 / 7.75 / 7.94 ms, 16 ragged decodes around 2048 keys 9.63 / 9.73 / 9.67 ms), so they keep the
+// parallelism of short splits. Longer splits mean fewer tasks: B·Hkv·⌈L / split⌉ (int8, B 1, Hkv 8, 4096 keys:
+// 16), which many cores would not fill on a short single sequence (not measured past 2 threads). The split
+// depends on the element type and m only (a sequence's own q and the layer's G): every batch and thread count
+// sees the same one.
 inline constexpr std::size_t kDecodeMaxQueries = 16;
-inline constexpr std::size_t decode_split(DataType kv) noexcept { return data_type_bytes(kv) == 0 ? 512 : 2048 / data_type_bytes(kv); }
+inline constexpr std::size_t decode_split(DataType kv, std::size_t m) noexcept {
+    if (kv == DataType::f32) return 512;
+    std::size_t split = 2048;
+    while (split > 512 && m * split > 65536) split /= 2;
+    return split;
+}
 
 enum class CorePath { materialized, grouped, decode };
 CorePath core_path(std::size_t H, std::size_t Hkv, std::size_t Lq, std::size_t Lk, NeedWeights need_weights, Impl impl) noexcept;

@@ -1,10 +1,11 @@
 // The attention core's decode path (few queries: Lq <= 16 and G·Lq <= 128): per (batch, KV head, split of
-// decode_split keys: 512 fp32, 1024 16-bit, 2048 8-bit) the G·Lq stacked query rows against the split's keys, read in place by the decode kernels from
-// CoreContext::keys / values (kv_rows.hpp: any element format, run by run, never copied):
+// decode_split keys: 512 fp32, 2048 of 16 or 8 bits) the G·Lq stacked query rows against the split's keys, read
+// in place by the decode kernels from CoreContext::keys / values (kv_rows.hpp: any element format, run by run,
+// never copied):
 //   S = scale·Q·Kᵀ (simd::decode_scores), the split's softmax (running max m, sum l), O = P·V
 //   (simd::decode_accumulate) — one stream at a time: all the split's scores, then all its values;
 // then the splits' (m, l, O) are merged exactly by rescaling (flash-decoding), in a fixed order. Splits
-// depend on the shape only: the same bits for any thread count.
+// depend on the shape and the element type only: the same bits for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>

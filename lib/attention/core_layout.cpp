@@ -55,7 +55,7 @@ CoreLayout core_layout(const CoreShape& s, CorePath path, NeedWeights need_weigh
     std::size_t q_stack = 0, scores = 0, accumulator = 0, row_stats = 0, gemm16 = 0, widen = 0;
     if (path == CorePath::decode) {  // the decode kernels read K and V in place: no GEMM pack buffers
         const std::size_t m = s.H / s.Hkv * s.Lq;
-        l.split = decode_split(s.kv);
+        l.split = decode_split(s.kv, m);
         l.splits = (s.Lk + l.split - 1) / l.split;
         l.partials = call.take(scratch_mul(scratch_mul(scratch_mul(s.B, s.Hkv), l.splits), scratch_mul(m, s.d + 2)));
         q_stack = scratch_mul(m, s.d);

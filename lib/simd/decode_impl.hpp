@@ -5,7 +5,9 @@
 // K and V are float, bfloat16, float16, int8 or fp8 (a KV cache's element type): narrower elements are
 // widened to float in registers as they are loaded (bf16: zero-extend to 32 bits and shift left 16; f16:
 // vcvtph2ps on AVX2 and AVX-512, half.hpp's scalar conversion on SSE2; int8 and fp8: RowReader), exactly,
-// so the fp32 arithmetic below and its summation order are the same for every element type.
+// so the fp32 arithmetic below and its summation order are the same for every element type. Except int8 V:
+// accumulate reads its integers unscaled and folds each row's block scales into P (o += Σ_j fl(p_j·s_j,b)·q_j,c,
+// the same order), and int8 K on AVX512_VNNI: scores on integer dot products (decode_int8_dot_impl.hpp).
 // K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
 // or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
 //
@@ -27,7 +29,8 @@
 //   lane: the result is the sequential sum ((o + p0·v0) + p1·v1) + ..., bitwise the same for any M, any column
 //   tiling, and any split of n into consecutive calls. Loop order: chunks of J rows of V (they stay in
 //   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
-//   from L1.
+//   from L1. int8 V: columns in slices of kFoldCols outermost, chunks of at most kFoldKeys rows, and per chunk
+//   and query tile P times each block's scales into a [block][row][kFoldKeys] buffer the tiles read.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
 //   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more), in the
 //   caller's reading order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next
