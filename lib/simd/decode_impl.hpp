@@ -410,12 +410,22 @@ struct RowReader<Arch, T, std::enable_if_t<sizeof(T) == 2 && kWidensInRegisters<
     }
 };
 
-// The scale of block b of the int8 row of d elements at p (its float16 scales follow the elements), in every lane.
+// The float16 scale of block b of the int8 row of d elements at p (its scales follow the elements), as a float.
+template <class Arch>
+inline MHA_GEMM_INLINE float int8_scale_value(const qint8* p, std::size_t d, std::size_t b) noexcept {
+    if constexpr (kWidensInRegisters<Arch>) {
+        std::uint16_t h;
+        std::memcpy(&h, reinterpret_cast<const unsigned char*>(p) + d + 2 * b, 2);
+        return half_to_float(Arch{}, h);
+    } else {
+        return int8_row_scale(p, d, b);
+    }
+}
+
+// The same in every lane.
 template <class Arch>
 inline MHA_GEMM_INLINE batch<Arch> int8_block_scale(const qint8* p, std::size_t d, std::size_t b) noexcept {
-    std::uint16_t h;
-    std::memcpy(&h, reinterpret_cast<const unsigned char*>(p) + d + 2 * b, 2);
-    return batch<Arch>(half_to_float(Arch{}, h));
+    return batch<Arch>(int8_scale_value<Arch>(p, d, b));
 }
 
 // int8 (the scores' reader; decode_accumulate reads V unscaled, Int8RawReader): sign-extend, convert, times the
@@ -500,18 +510,6 @@ struct Int8RawReader<Arch, std::enable_if_t<kWidensInRegisters<Arch>>> {
     }
 };
 
-// The float16 scale of block b of the int8 row of d elements at p, as a float.
-template <class Arch>
-inline MHA_GEMM_INLINE float int8_scale_value(const qint8* p, std::size_t d, std::size_t b) noexcept {
-    if constexpr (kWidensInRegisters<Arch>) {
-        std::uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const unsigned char*>(p) + d + 2 * b, 2);
-        return half_to_float(Arch{}, h);
-    } else {
-        return int8_row_scale(p, d, b);
-    }
-}
-
 // Whether decode_accumulate folds T's scales into P (int8: o += Σ_j fl(p_j·s_j,b)·q_j,c) rather than widening
 // V to its values; and the reader its tiles read V through.
 template <class T>
@@ -543,14 +541,6 @@ struct RowReader<Arch, T, std::enable_if_t<(std::is_same_v<T, fp8_e4m3> || std::
         return scaled(B(fp8_to_float(T{}, load_8bit(Arch{}, row + c, r))));
     }
 };
-
-// Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
-template <class Arch>
-inline MHA_GEMM_INLINE void prefetch_row_l2(const void* row, std::size_t bytes) noexcept {
-    const char* t = static_cast<const char*>(row);
-    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 2);
-    __builtin_prefetch(t + bytes - 1, 0, 2);
-}
 
 // The V rows an accumulate tile brings in as it goes, at its iteration i: row `ahead_first + i` of the
 // stream into L1 (i < n_ahead), and `prefetch` rows (of the next chunk) into L2.

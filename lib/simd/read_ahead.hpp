@@ -19,6 +19,14 @@ inline __attribute__((always_inline)) void prefetch_row_l1(const void* row, std:
     __builtin_prefetch(t + bytes - 1, 0, 3);
 }
 
+// The same into L2.
+template <class Arch>
+inline __attribute__((always_inline)) void prefetch_row_l2(const void* row, std::size_t bytes) noexcept {
+    const char* t = static_cast<const char*>(row);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 2);
+    __builtin_prefetch(t + bytes - 1, 0, 2);
+}
+
 // Row i of rows placed by m from base (rows_ahead.hpp), row stride ld_bytes within a block.
 template <class Arch>
 inline __attribute__((always_inline)) const char* row_address(const char* base, std::size_t ld_bytes, const BlockMap& m,
@@ -96,8 +104,7 @@ inline __attribute__((always_inline)) void read_ahead(const RowStream<Arch>& s, 
         if (r == nullptr) return;
         prefetch_row_l1<Arch>(r, s.bytes);
         if (s.l2_more != 0)
-            if (const char* further = s.row(i + s.l2_more); further != nullptr)
-                for (std::size_t b = 0; b < s.bytes; b += 64) __builtin_prefetch(further + b, 0, 2);
+            if (const char* further = s.row(i + s.l2_more); further != nullptr) prefetch_row_l2<Arch>(further, s.bytes);
     }
 }
 
