@@ -11,8 +11,8 @@
 //               longest output is done (finished sequences keep decoding as padding).
 // The first output token of a request comes from the call that ends its prompt. Reports output tokens/s of
 // each and peak KV memory (bytes of K/V storage the method holds: blocks in use, or the caches' capacity)
-// against the K/V bytes of the tokens held at that moment, as a Markdown table, and one JSON object
-// (--json FILE; tools/plot_bench.py --serving FILE draws it).
+// against the K/V bytes of the tokens held at that moment, as a Markdown table, then the tokens every method
+// projects and their FLOPs, and one JSON object (--json FILE; tools/plot_bench.py --serving FILE draws it).
 // Usage: serving_sim [--embed E --heads H --kv-heads HKV --head-dim D --requests R --prompt P0:P1 --output O0:O1
 //                     --max-running N --token-budget T --block-size BS --dtype f32|bf16 --kv-type T --threads N
 //                     --seed S --json FILE]
@@ -246,6 +246,13 @@ int main(int argc, char** argv) {
                     (row.r.output_tokens / row.r.seconds) / (one.output_tokens / one.seconds), row.r.peak_kv_bytes / 1e6,
                     row.r.held_at_peak / 1e6, double(row.r.peak_kv_bytes) / double(row.r.held_at_peak));
     std::printf("\ncontinuous / static: %.2fx output tokens/s\n", (cont.output_tokens / cont.seconds) / (stat.output_tokens / stat.seconds));
+    // The projections' work, the same for every method: a floor on any method's time (at the FMA peak), so a
+    // bound on what continuous batching can gain over running alone (docs/kv-cache-types.md, stop 50).
+    std::size_t prompt_tokens = 0, decode_tokens = 0;
+    for (const Request& r : reqs) prompt_tokens += r.prompt, decode_tokens += r.output - 1;
+    const double flops_per_token = 2.0 * double(c.E) * double(2 * c.H * c.d + 2 * c.Hkv * c.d);
+    std::printf("projections: %zu prompt tokens + %zu decode tokens, %.1f GFLOP (2·E·(2·H·d + 2·Hkv·d) per token)\n", prompt_tokens,
+                decode_tokens, flops_per_token * double(prompt_tokens + decode_tokens) / 1e9);
     if (!c.json.empty()) {
         FILE* f = std::fopen(c.json.c_str(), "w");
         if (!f) {
@@ -258,7 +265,8 @@ int main(int argc, char** argv) {
                             "\"held_kv_bytes\": %zu}",
                          i ? ", " : "", rows[i].name, rows[i].r.seconds, rows[i].r.output_tokens, rows[i].r.output_tokens / rows[i].r.seconds,
                          rows[i].r.peak_kv_bytes, rows[i].r.held_at_peak);
-        std::fprintf(f, "]}\n");
+        std::fprintf(f, "], \"prompt_tokens\": %zu, \"decode_tokens\": %zu, \"projection_flops\": %.0f}\n", prompt_tokens, decode_tokens,
+                     flops_per_token * double(prompt_tokens + decode_tokens));
         std::fclose(f);
     }
     return 0;

@@ -5,9 +5,10 @@
 #          K/V GB/s against read_bw on a working set of the same size, and ggml_batch streams on the same spec;
 #   mixed: the same 16 decodes + 2 prefill chunks of 256 tokens on 256 cached keys, core only: ms against
 #          ggml_batch streams (decode call + prefill call, as llama.cpp runs them in separate ubatches) and the
-#          roofline K/V bytes / read_bw + prefill FLOPs / (0.85 · fma_peak);
+#          roofline K/V bytes / read_bw + prefill FLOPs / (0.85 · fma_peak), and the floor at the full peak (the
+#          best ratio over ggml the machine allows);
 #   layer: E=4096, 32 ragged decodes around 2048, bf16 compute and bf16 cache: ms against
-#          (weight bytes read + K/V bytes) / read_bw;
+#          (weight bytes read + K/V bytes) / read_bw, and its attention core alone (K/V GB/s);
 #   paged vs contiguous: the full decode step of 16 sequences at 2048 keys (mha bench --op decode, a KVCache)
 #          against --op step with block sizes 16, 64 and 256 (f32).
 # Usage: tools/step_figures.sh [BUILD_DIR] [ANCHOR_DIR] [ROUNDS] [THREADS...]
@@ -46,6 +47,10 @@ for t in "${threads[@]}"; do
         --reps 10 --json)
     r[layer]+="$(echo "$j" | field ms_median) "
     r[layer_bytes]+="$(echo "$j" | python3 -c "import json,sys; j=json.load(sys.stdin); print(j['weight_bytes'] + j['kv_bytes'])") "
+    j=$("$mha" bench --op step "${shape[@]}" --decode-seqs 32 --kv-seq 2048 --ragged --kv-type bf16 --core-only --threads "$t" \
+        --reps 10 --json)
+    r[layer_core]+="$(echo "$j" | field ms_median) "
+    r[layer_core_gbps]+="$(echo "$j" | field kv_gbps) "
     r[bw_layer]+="$("$anchors/read_bw" 512 "$t" 10 | sed 's/.*gbps=\([0-9.]*\).*/\1/') "
     r[contig]+="$("$mha" bench --op decode --batch 16 --kv-seq 2048 "${shape[@]}" --threads "$t" --reps 10 --json | field ms_median) "
     for bs in 16 64 256; do
@@ -60,9 +65,15 @@ for t in "${threads[@]}"; do
   roof=$(calc "$(m mixed_kv) / ($(m bw) * 1e6) + $flops / (0.85 * $peak * $t * 1e6)")
   printf '  mixed core step: %.3f ms  ggml streams decode + prefill %.3f + %.3f ms (%.2fx)  roofline %.3f ms (%.2fx of it)\n' \
     "$(m mixed)" "$(m ggml_dec)" "$(m ggml_pre)" "$(calc "($(m ggml_dec) + $(m ggml_pre)) / $(m mixed)")" "$roof" "$(calc "$(m mixed) / $roof")"
+  # The most any fp32 kernel could gain over ggml here: K/V at read_bw and the prefill FLOPs at the full FMA peak.
+  floor=$(calc "$(m mixed_kv) / ($(m bw) * 1e6) + $flops / ($peak * $t * 1e6)")
+  printf '    its floor (K/V at read_bw, prefill at 100 %% of fma_peak) %.3f ms: at most %.2fx ggml on this machine\n' \
+    "$floor" "$(calc "($(m ggml_dec) + $(m ggml_pre)) / $floor")"
   lroof=$(calc "$(m layer_bytes) / ($(m bw_layer) * 1e6)")
   printf '  layer step E=4096, 32 ragged decodes, bf16: %.3f ms  (weights + K/V) / read_bw(512 MB) %.3f ms  = %.2fx\n' \
     "$(m layer)" "$lroof" "$(calc "$(m layer) / $lroof")"
+  printf '    its attention core alone (fp32 compute over the bf16 cache) %.3f ms, K/V %.2f GB/s = %.1f %% of read_bw(512 MB)\n' \
+    "$(m layer_core)" "$(m layer_core_gbps)" "$(calc "$(m layer_core_gbps) * 100 / $(m bw_layer)")"
   printf '  decode 16 x 2048, layer: contiguous %.3f ms  paged bs16 %.3f (%+.1f %%)  bs64 %.3f (%+.1f %%)  bs256 %.3f (%+.1f %%)\n' \
     "$(m contig)" "$(m paged16)" "$(calc "($(m paged16) / $(m contig) - 1) * 100")" "$(m paged64)" \
     "$(calc "($(m paged64) / $(m contig) - 1) * 100")" "$(m paged256)" "$(calc "($(m paged256) / $(m contig) - 1) * 100")"
