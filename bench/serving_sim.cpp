@@ -251,8 +251,9 @@ int main(int argc, char** argv) {
     std::size_t prompt_tokens = 0, decode_tokens = 0;
     for (const Request& r : reqs) prompt_tokens += r.prompt, decode_tokens += r.output - 1;
     const double flops_per_token = 2.0 * double(c.E) * double(2 * c.H * c.d + 2 * c.Hkv * c.d);
+    const double projection_flops = flops_per_token * double(prompt_tokens + decode_tokens);
     std::printf("projections: %zu prompt tokens + %zu decode tokens, %.1f GFLOP (2·E·(2·H·d + 2·Hkv·d) per token)\n", prompt_tokens,
-                decode_tokens, flops_per_token * double(prompt_tokens + decode_tokens) / 1e9);
+                decode_tokens, projection_flops / 1e9);
     if (!c.json.empty()) {
         FILE* f = std::fopen(c.json.c_str(), "w");
         if (!f) {
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
                          i ? ", " : "", rows[i].name, rows[i].r.seconds, rows[i].r.output_tokens, rows[i].r.output_tokens / rows[i].r.seconds,
                          rows[i].r.peak_kv_bytes, rows[i].r.held_at_peak);
         std::fprintf(f, "], \"prompt_tokens\": %zu, \"decode_tokens\": %zu, \"projection_flops\": %.0f}\n", prompt_tokens, decode_tokens,
-                     flops_per_token * double(prompt_tokens + decode_tokens));
+                     projection_flops);
         std::fclose(f);
     }
     return 0;
