@@ -467,6 +467,211 @@ TEST_F(Int8DotProducts, TinyQueryBlocksKeepTheirPrecision) {
     }
 }
 
+// The int8 P·V on dot products as decode.hpp states it (int8_values_on_dot_products), one value at a time: keys
+// in groups ending at the multiples of 64 of origin + j (and at n); per group, row m and block b:
+// P'_j = fl(p·s_j,b), a = max(max |P'_j|, 2^-64), r = fl(32767 / a), t = fl(a / 32767), u_j = nearest even of
+// fl(P'_j·r), o = fma(float(Σ u_j·v_j,c), t, o); a non-finite P' in the group: NaN.
+void dot_model_accumulate(ConstMatrix p, ByteMat& v, Matrix o, std::size_t origin = 0) {
+    const std::size_t M = p.rows, n = v.rows, d = v.d;
+    for (std::size_t j0 = 0, j1 = 0; j0 < n; j0 = j1) {
+        j1 = std::min(n, j0 + 64 - (origin + j0) % 64);
+        for (std::size_t m = 0; m < M; ++m)
+            for (std::size_t b = 0; b < d / 32; ++b) {
+                std::vector<float> x(j1 - j0);
+                bool bad = false;
+                float amax = 0.0f;
+                for (std::size_t j = j0; j < j1; ++j) {
+                    x[j - j0] = p.data[m * p.stride + j] * mha::int8_row_scale(v.row(j), d, b);
+                    bad = bad || !std::isfinite(x[j - j0]);
+                    amax = std::max(amax, std::fabs(x[j - j0]));
+                }
+                const float a = std::max(amax, 0x1p-64f), r = 32767.0f / a, t = a / 32767.0f;
+                for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) {
+                    float& out = o.data[m * o.stride + c];
+                    if (bad) {
+                        out = std::numeric_limits<float>::quiet_NaN();
+                        continue;
+                    }
+                    std::int32_t sum = 0;
+                    for (std::size_t j = j0; j < j1; ++j)
+                        sum += static_cast<std::int32_t>(std::nearbyint(x[j - j0] * r)) * static_cast<std::int8_t>(v.row(j)[c]);
+                    out = std::fma(static_cast<float>(sum), t, out);
+                }
+            }
+    }
+}
+
+// P·V bitwise the model's for any M (tails of the 4-row tiles), n (groups of 64 and their tails, odd pairs), d (one
+// to sixteen blocks: tiles of 64 and 32 columns), origin (the groups' phase), row stride and offset; P of both
+// signs with exact zeros, and groups whose P is far below the rest.
+TEST_F(Int8DotProducts, AccumulateEqualsTheModel) {
+    std::mt19937 gen(29);
+    std::size_t c = 0;
+    for (std::size_t M : kMs)
+        for (std::size_t n : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(17), std::size_t(64), std::size_t(65),
+                              std::size_t(130), std::size_t(255)})
+            for (std::size_t d : {std::size_t(32), std::size_t(64), std::size_t(96), std::size_t(128), std::size_t(512)}) {
+                ++c;
+                ASSERT_TRUE(mha::simd::int8_values_on_dot_products(d));
+                const std::size_t pad = c % 3 == 0 ? 0 : c % 7, offset = c % 5, origin = c * 13 % 150;
+                FloatMat p(M, n, c % 2), o(M, d, c % 3);
+                p.fill(gen, -1.0f, 1.0f);
+                o.fill(gen, -4.0f, 4.0f);
+                for (std::size_t m = 0; m < M; ++m)
+                    for (std::size_t j = 0; j < n; ++j) {
+                        float& x = p.buf[kGuard + m * p.stride + j];
+                        if ((origin + j) / 64 % 3 == 1) x *= 1e-7f;  // a group far below the others
+                        if ((m + j) % 11 == 0) x = 0.0f;
+                    }
+                ByteMat v(DataType::int8, 1.0f, n, d, pad, offset, 2);
+                v.fill(gen);
+                FloatMat want = o;
+                mha::simd::BlockedRows<mha::qint8> rows = v.view<mha::qint8>();
+                rows.origin = origin;
+                mha::simd::decode_accumulate(p.cview(), rows, o.view());
+                dot_model_accumulate(p.cview(), v, want.view(), origin);
+                ASSERT_TRUE(same_bits_or_nan(o.buf, want.buf)) << "M " << M << " n " << n << " d " << d << " origin " << origin;
+            }
+    // Elsewhere the widened kernel: d not a multiple of 32, or above kPvMaxCols.
+    EXPECT_FALSE(mha::simd::int8_values_on_dot_products(80));
+    EXPECT_FALSE(mha::simd::int8_values_on_dot_products(mha::simd::kPvMaxCols + 32));
+    EXPECT_FALSE(mha::simd::int8_values_on_dot_products(0));
+    mha::set_isa_cap(mha::Isa::avx512);
+    EXPECT_FALSE(mha::simd::int8_values_on_dot_products(128));
+}
+
+// Value blocks whose scale is NaN, zero, subnormal or the largest float16; P with NaN, ±inf, zeros, values below
+// 2^-64 and near FLT_MAX (P·s overflows): the model's bits (a NaN as any NaN).
+TEST_F(Int8DotProducts, AccumulateSpecialValues) {
+    std::mt19937 gen(30);
+    const float inf = std::numeric_limits<float>::infinity();
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, 0.0f, 1e-6f, 1e4f, 1.0f, 1e-25f, 3e38f, -inf};
+    const std::size_t n = 150, M = 5, d = 128;
+    ByteMat v(DataType::int8, 1.0f, n, d, 1, 0, 0);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> x(d);
+    // Row 13's blocks: NaN-holding (scale NaN), all 0, scale a float16 subnormal, the largest float16 scale; row 77:
+    // block 2 holds -inf; row 140: values near 1e4. Each of the three groups keeps blocks free of them.
+    const float row13[] = {std::numeric_limits<float>::quiet_NaN(), 0.0f, 1e-6f, 65504.0f * 127.0f};
+    for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < d; ++j) x[j] = dist(gen) * (i == 13 ? row13[j / 32] : i == 140 ? 1e4f : 1.0f);
+        if (i == 13) x[5] = row13[0];
+        if (i == 77) x[d / 2] = -inf;
+        v.set_row(i, x.data());
+    }
+    for (std::size_t round = 0; round < 9; ++round) {
+        FloatMat p(M, n, 0), o(M, d, 0);
+        p.fill(gen, 0.0f, 1.0f);
+        o.fill(gen, -1.0f, 1.0f);
+        for (std::size_t m = 0; m < M; ++m) {
+            // one special P per row in a group of its own choosing; row 4 all tiny (P·s mostly below 2^-64, u not 0)
+            p.buf[kGuard + m * n + (37 * m + 11 * round) % n] = specials[(m + round) % 9];
+            if (m == 4) {  // o starts at 0 so that the tiny terms show
+                for (std::size_t j = 0; j < n; ++j) p.buf[kGuard + m * n + j] *= 1e-22f;
+                for (std::size_t c = 0; c < d; ++c) o.buf[kGuard + m * d + c] = 0.0f;
+            }
+        }
+        FloatMat want = o;
+        accumulate(p.cview(), v, o.view());
+        dot_model_accumulate(p.cview(), v, want.view());
+        EXPECT_TRUE(same_bits_or_nan(o.buf, want.buf)) << "round " << round;
+    }
+}
+
+// Each group's P keeps 15 bits of its own largest value: |o − (o0 + Σ_j p_j·s_j,b·v_j,c)| (exact, in double) within
+// Σ_g (1/2 + 2^-7)·t_g·Σ_{j in g} |v_j,c| (P's rounding, t_g = a_g / 32767) + (groups + 3)·2^-24·Σ_j |p_j·s_j,b·v_j,c|
+// + 2^-24·|o0|·(groups + 1) (P·s, the integer sum's conversion and the fma per group, each relative 2^-24).
+// P spans 1 down to 1e-30 from group to group (softmax rows whose mass sits in a few groups).
+TEST_F(Int8DotProducts, AccumulateWithinTheBound) {
+    std::mt19937 gen(31);
+    const std::size_t M = 4, d = 128;
+    for (std::size_t n : {std::size_t(64), std::size_t(300), std::size_t(2048)}) {
+        ByteMat v(DataType::int8, 1.0f, n, d, 0, 0, 0);
+        v.fill(gen);
+        FloatMat p(M, n, 0), o(M, d, 0);
+        std::uniform_real_distribution<float> u(0.0f, 1.0f);
+        std::uniform_int_distribution<int> e(-100, 0);
+        for (std::size_t m = 0; m < M; ++m) {
+            std::vector<int> group_exp(n / 64 + 1);
+            for (int& g : group_exp) g = e(gen);
+            for (std::size_t j = 0; j < n; ++j) p.buf[kGuard + m * n + j] = std::ldexp(u(gen), group_exp[j / 64]);
+        }
+        o.fill(gen, -1.0f, 1.0f);
+        const FloatMat o0 = o;
+        accumulate(p.cview(), v, o.view());
+        const std::size_t groups = (n + 63) / 64;
+        for (std::size_t m = 0; m < M; ++m)
+            for (std::size_t c = 0; c < d; ++c) {
+                const std::size_t b = c / 32;
+                double exact = o0.buf[kGuard + m * d + c], rounding = 0, mag = 0;
+                for (std::size_t g = 0; g < groups; ++g) {
+                    float a = 0.0f;
+                    double vabs = 0;
+                    for (std::size_t j = 64 * g; j < std::min(n, 64 * g + 64); ++j) {
+                        const double s = mha::int8_row_scale(v.row(j), d, b), q = static_cast<std::int8_t>(v.row(j)[c]);
+                        const float pj = p.buf[kGuard + m * n + j];
+                        a = std::max(a, std::fabs(pj * static_cast<float>(s)));
+                        exact += double(pj) * s * q;
+                        mag += std::fabs(double(pj) * s * q);
+                        vabs += std::fabs(q);
+                    }
+                    rounding += (0.5 + 0x1p-7) * (std::max(a, 0x1p-64f) / 32767.0) * vabs;
+                }
+                const double bound = rounding + (groups + 3) * 0x1p-24 * mag + (groups + 1) * 0x1p-24 * std::fabs(o0.buf[kGuard + m * d + c]);
+                ASSERT_LE(std::fabs(o.buf[kGuard + m * d + c] - exact), bound) << "n " << n << " row " << m << " column " << c;
+            }
+    }
+}
+
+// Values in blocks of a paged pool (blocks of 16: a group of 64 spans four; scattered, reused ids; a start inside a
+// block): the bits of the same rows read contiguously at the same origin, and of the rows cut into calls at the
+// multiples of 64 of their positions; no read past V's last row (a PROT_NONE page after it).
+TEST_F(Int8DotProducts, AccumulateBlockedRowsSplitCallsAndTheEnd) {
+    std::mt19937 gen(32);
+    const std::size_t d = 128, row = mha::int8_row_bytes(d), bs = 16, M = 4, n = 150, first = 5, origin = 16 * 3 + first;
+    const std::uint32_t table[] = {9, 3, 0, 6, 2, 5, 1, 8, 7, 4, 3};
+    std::vector<unsigned char> pool(10 * bs * row, 0xff);
+    ByteMat v(DataType::int8, 1.0f, n, d, 0, 0, 0);
+    v.fill(gen);
+    for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t r = first + j;
+        std::memcpy(pool.data() + (table[r / bs] * bs + r % bs) * row, v.row(j), row);
+    }
+    FloatMat p(M, n, 0), o(M, d, 0);
+    p.fill(gen, 0.0f, 1.0f);
+    o.fill(gen, -1.0f, 1.0f);
+    FloatMat blocked = o, split = o, want = o;
+    mha::simd::BlockedRows<mha::qint8> contiguous = v.view<mha::qint8>();
+    contiguous.origin = origin;
+    mha::simd::decode_accumulate(p.cview(), contiguous, o.view());
+    dot_model_accumulate(p.cview(), v, want.view(), origin);
+    EXPECT_TRUE(same_bits_or_nan(o.buf, want.buf));
+    mha::simd::BlockMap map;
+    map.table = table, map.shift = 4, map.block_bytes = bs * row, map.first = first;
+    const mha::simd::BlockedRows<mha::qint8> rows(reinterpret_cast<const mha::qint8*>(pool.data()), n, d, row, map, origin);
+    mha::simd::decode_accumulate(p.cview(), rows, blocked.view());
+    EXPECT_TRUE(same_bits_or_nan(o.buf, blocked.buf));
+    // Calls of rows [0, 11), [11, 139), [139, 150): positions 53 .. 64, 64 .. 192, 192 .. 203.
+    for (const auto& [lo, hi] : std::vector<std::pair<std::size_t, std::size_t>>{{0, 11}, {11, 139}, {139, 150}}) {
+        mha::simd::BlockedRows<mha::qint8> part = mha::MatrixView<const mha::qint8>(
+            reinterpret_cast<const mha::qint8*>(v.row(lo)), hi - lo, d, v.stride);
+        part.origin = origin + lo;
+        mha::simd::decode_accumulate(ConstMatrix{p.cview().data + lo, M, hi - lo, p.stride}, part, split.view());
+    }
+    EXPECT_TRUE(same_bits_or_nan(o.buf, split.buf));
+
+    const AtPageEnd guarded(v, row, row);
+    ASSERT_NE(guarded.data(), nullptr) << "mmap failed";
+    FloatMat at_end(M, d, 0);
+    at_end.fill(gen, -1.0f, 1.0f);
+    FloatMat at_end_want = at_end;
+    mha::simd::decode_accumulate(p.cview(),
+                                 mha::MatrixView<const mha::qint8>(reinterpret_cast<const mha::qint8*>(guarded.data()), n, d, row),
+                                 at_end.view());
+    dot_model_accumulate(p.cview(), v, at_end_want.view());
+    EXPECT_TRUE(same_bits_or_nan(at_end.buf, at_end_want.buf));
+}
+
 // Keys in blocks of a paged pool read through a block table (scattered, reused ids; a start inside a block): the
 // bits of the same rows read contiguously; and no read past K's last row (a PROT_NONE page after it).
 TEST_F(Int8DotProducts, BlockedRowsAndTheEndOfTheRows) {

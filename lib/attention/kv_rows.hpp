@@ -70,7 +70,7 @@ struct KVRows {
     template <class E>
     simd::BlockedRows<E> blocked_rows(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {
         const simd::BlockMap m = block_map(b, lo);
-        return {static_cast<const E*>(base) + start_offset(b, h, lo, m), hi - lo, dim, row_stride, m};
+        return {static_cast<const E*>(base) + start_offset(b, h, lo, m), hi - lo, dim, row_stride, m, lo};
     }
     // The same rows, to be read ahead into (none when lo >= hi).
     simd::RowsAhead rows_ahead(std::size_t b, std::size_t h, std::size_t lo, std::size_t hi) const noexcept {

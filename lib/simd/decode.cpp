@@ -17,6 +17,10 @@ bool int8_scores_on_dot_products(std::size_t M, std::size_t d) noexcept {
 #endif
 }
 
+bool int8_values_on_dot_products(std::size_t d) noexcept {
+    return int8_scores_on_dot_products(1, 64) && d != 0 && d % 32 == 0 && d <= kPvMaxCols;
+}
+
 #define MHA_DECODE_DEFINE_(name, E)                                                            \
     void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead, float kv_scale) noexcept { \
         dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s, ahead, kv_scale);       \

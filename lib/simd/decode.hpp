@@ -23,6 +23,19 @@ inline constexpr std::size_t kDotMaxQueryValues = 8192;
 // ±inf makes its row's scores NaN. d a multiple of 64, M·d <= kDotMaxQueryValues (else the widened kernel).
 bool int8_scores_on_dot_products(std::size_t M, std::size_t d) noexcept;
 
+// Columns (d) at most for the int8 P·V on dot products (decode_int8_pv_impl.hpp: 13 KB on the stack).
+inline constexpr std::size_t kPvMaxCols = 512;
+
+// int8 V (decode_accumulate only): where this holds, P·V runs on integer dot products (vpdpwssd; the same CPUs and
+// ISA level as int8_scores_on_dot_products; lib/simd/decode_int8_pv_impl.hpp): per group of at most 64 keys (ending
+// at the multiples of 64 of v.origin + j, and at n), query row and block of 32 columns, P times the rows' block
+// scales is rounded to int16 at 15 bits of the group's largest, the products summed exactly in int32 and added to
+// o with one fma per group: o[m, c] = fma(float(Σ_j u_j·v[j, c]), t, o[m, c]). P's rounding joins V's in the error
+// (docs/kv-quantization.md); the same bits for any M, row placement and thread count, and for any split of the
+// rows into calls at the multiples of 64 of their absolute positions; a group holding a non-finite P·s makes
+// its block's outputs NaN. d a multiple of 32, at most kPvMaxCols (else the widened kernel).
+bool int8_values_on_dot_products(std::size_t d) noexcept;
+
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].
 struct decode_scores_kernel {
     template <class Arch, class E>

@@ -874,9 +874,9 @@ constexpr std::size_t kFoldCols = kFoldBlocks * kInt8Block;
 // v, ld elements apart, of d values each). One row and block at a time; AVX-512: below.
 template <class Arch>
 inline void chunk_block_scales(Arch, const qint8* v, std::size_t ld, std::size_t n, std::size_t d, std::size_t b0, std::size_t nb,
-                               float* out) noexcept {
+                               float* out, std::size_t ldo = kFoldKeys) noexcept {
     for (std::size_t j = 0; j < n; ++j)
-        for (std::size_t b = 0; b < nb; ++b) out[b * kFoldKeys + j] = int8_scale_value<Arch>(v + j * ld, d, b0 + b);
+        for (std::size_t b = 0; b < nb; ++b) out[b * ldo + j] = int8_scale_value<Arch>(v + j * ld, d, b0 + b);
 }
 
 #if defined(__AVX512F__)
@@ -885,7 +885,7 @@ inline void chunk_block_scales(Arch, const qint8* v, std::size_t ld, std::size_t
 // rows past n repeat row n − 1 (never read past the chunk); their lanes are stored and not read. Converting one
 // scale at a time took about a fifth of the int8 P·V's instructions at d 128.
 inline void chunk_block_scales(arch_avx512 arch, const qint8* v, std::size_t ld, std::size_t n, std::size_t d, std::size_t b0,
-                               std::size_t nb, float* out) noexcept {
+                               std::size_t nb, float* out, std::size_t ldo = kFoldKeys) noexcept {
     const unsigned char* first = reinterpret_cast<const unsigned char*>(v) + d + 2 * b0;
     std::size_t b = 0;
     for (; b + 4 <= nb; b += 4) {
@@ -909,11 +909,11 @@ inline void chunk_block_scales(arch_avx512 arch, const qint8* v, std::size_t ld,
                                                                       44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0),
                                                      _mm512_set1_epi16(static_cast<short>(k)));
                 const __m256i h = _mm512_castsi512_si256(_mm512_permutex2var_epi16(z0, idx, z1));
-                _mm512_store_ps(out + (b + k) * kFoldKeys + j, _mm512_cvtph_ps(h));
+                _mm512_storeu_ps(out + (b + k) * ldo + j, _mm512_cvtph_ps(h));
             }
         }
     }
-    if (b < nb) chunk_block_scales<arch_avx512>(arch, v, ld, n, d, b0 + b, nb - b, out + b * kFoldKeys);
+    if (b < nb) chunk_block_scales<arch_avx512>(arch, v, ld, n, d, b0 + b, nb - b, out + b * ldo, ldo);
 }
 #endif
 
@@ -1034,6 +1034,7 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 }  // namespace mha::simd
 
 #include "decode_int8_dot_impl.hpp"  // decode_detail::scores_int8_dot
+#include "decode_int8_pv_impl.hpp"   // decode_detail::accumulate_int8_dot
 
 namespace mha::simd {
 
@@ -1073,6 +1074,9 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
     }();
     const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(d), ahead, kAheadBytes, kAheadMaxRows);
     read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
+    if constexpr (std::is_same_v<Arch, arch_avx512> && std::is_same_v<E, qint8>) {
+        if (int8_values_on_dot_products(d)) return accumulate_int8_dot<Arch>(p, v, o, stream);
+    }
     // int8: columns in slices of at most kFoldCols (d up to that in one), P scaled per block into `scaled`.
     alignas(64) float block_scale[kFoldsScaleIntoP<E> ? kFoldBlocks * kFoldKeys : 1];
     alignas(64) float scaled[kFoldsScaleIntoP<E> ? kFoldBlocks * MB * kFoldKeys : 1];

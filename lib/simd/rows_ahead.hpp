@@ -33,14 +33,18 @@ struct BlockedRows {
     const E* data = nullptr;
     std::size_t rows = 0, cols = 0, stride = 0;
     BlockMap blocks;
+    // The absolute position of row 0 (a key's index in its sequence): kernels that group rows at fixed positions
+    // (the int8 P·V on dot products) group them the same whatever the rows' placement and the calls around them.
+    std::size_t origin = 0;
 
     constexpr BlockedRows() = default;
     constexpr BlockedRows(MatrixView<const E> v) noexcept  // NOLINT(google-explicit-constructor)
         : data(v.data), rows(v.rows), cols(v.cols), stride(v.stride) {}
     constexpr BlockedRows(MatrixView<E> v) noexcept  // NOLINT(google-explicit-constructor)
         : data(v.data), rows(v.rows), cols(v.cols), stride(v.stride) {}
-    constexpr BlockedRows(const E* base, std::size_t n, std::size_t d, std::size_t row_stride, const BlockMap& map) noexcept
-        : data(base), rows(n), cols(d), stride(row_stride), blocks(map) {}
+    constexpr BlockedRows(const E* base, std::size_t n, std::size_t d, std::size_t row_stride, const BlockMap& map,
+                          std::size_t first_position = 0) noexcept
+        : data(base), rows(n), cols(d), stride(row_stride), blocks(map), origin(first_position) {}
 };
 
 struct RowsAhead {
