@@ -323,8 +323,8 @@ TEST_P(Decode8Bit, ReadsEndAtTheTile) {
 
 // One score as the dot-product kernel defines it, in plain scalar code: the query row quantized per block of 32
 // (s = amax / 127 in fp32, q = nearest even of x / s, clamped to ±127; NaN or ±inf in the block: s NaN and q 0;
-// s 0: q 0), per lane l of each 64-column chunk acc_l = fma(Σ of its 4 q·k, s_k·s_q, acc_l), then
-// scale·((g0 + g2) + (g1 + g3)) with g = (l0 + l2) + (l1 + l3) per group of 4 lanes.
+// s 0: q 0), per block b the exact Σ q·k, acc = fma(float(Σ), s_k,b·s_q,b, acc) over the blocks in order from 0,
+// then scale·acc.
 float dot_model_score(float scale, const float* x, const unsigned char* krow, std::size_t d) {
     std::vector<int> qi(d);
     std::vector<float> qs(d / 32);
@@ -340,17 +340,13 @@ float dot_model_score(float scale, const float* x, const unsigned char* krow, st
         for (std::size_t i = 32 * b; i < 32 * b + 32; ++i)
             qi[i] = finite && step > 0.0f ? int(std::clamp(std::nearbyint(x[i] / step), -127.0f, 127.0f)) : 0;
     }
-    float acc[16] = {};
-    for (std::size_t c = 0; c < d; c += 64)
-        for (std::size_t l = 0; l < 16; ++l) {
-            const std::size_t c0 = c + 4 * l, b = c0 / 32;
-            int dot = 0;
-            for (std::size_t i = c0; i < c0 + 4; ++i) dot += int(static_cast<std::int8_t>(krow[i])) * qi[i];
-            acc[l] = std::fma(float(dot), mha::int8_row_scale(krow, d, b) * qs[b], acc[l]);
-        }
-    float g[4];
-    for (std::size_t k = 0; k < 4; ++k) g[k] = (acc[4 * k] + acc[4 * k + 2]) + (acc[4 * k + 1] + acc[4 * k + 3]);
-    return scale * ((g[0] + g[2]) + (g[1] + g[3]));
+    float acc = 0.0f;
+    for (std::size_t b = 0; b < d / 32; ++b) {
+        int dot = 0;
+        for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) dot += int(static_cast<std::int8_t>(krow[i])) * qi[i];
+        acc = std::fma(float(dot), mha::int8_row_scale(krow, d, b) * qs[b], acc);
+    }
+    return scale * acc;
 }
 
 class Int8DotProducts : public ::testing::Test {

@@ -3,11 +3,11 @@
 //   Q: each row quantized per block of 32 with an fp32 scale s = amax / 127 (not a cache row's float16 scale,
 //      whose subnormal steps would lose most of a small block's precision): q = nearest even of x / s (fp32), within
 //      ±127; a block holding NaN or ±inf: s NaN and values 0; amax 0: values 0.
-//   K: the cache's bytes read as unsigned (xor 0x80: k + 128), so that vpdpbusd multiplies them by Q's signed
-//      bytes; each 32-bit lane starts at −128·(its 4 query bytes summed) and so ends at the exact Σ q·k of its 4
-//      columns (|Σ| < 2^17).
-//   Lane l of 64-column chunk c (columns 64c + 4l .. + 3, in block b): acc_l = fma(float(dot), s_k,b·s_q,b, acc_l)
-//      (s_k,b·s_q,b one fp32 product), chunks in order; then s = scale·(the lane tree of reduce_store).
+//   Per key j and block b the exact integer I_b = Σ_{c in b} q_c·k_c (|I_b| < 2^19), then
+//      acc = fma(float(I_b), fl(s_k,b·s_q,b), acc) over b in order from acc = 0, and s = fl(scale·acc).
+//   Lanes over keys: 16 keys' rows are loaded, their bytes read as unsigned (xor 0x80: k + 128), and transposed as
+//   32-bit words, so that lane l of word i holds key l's columns 4i .. 4i + 3; vpdpbusd against Q's word i
+//   broadcast, from −128·(Q's block summed), sums each block of each key exactly, with no reduction across lanes.
 // Preconditions: d a multiple of 64, M·d <= kDotMaxQueryValues (int8_scores_on_dot_products).
 #pragma once
 #include <cstddef>
@@ -29,6 +29,8 @@ struct DotQueries {
     alignas(64) std::int8_t bytes[kDotMaxQueryValues];
     alignas(64) std::int32_t start[kDotMaxQueryValues / 4];
     alignas(64) float scale[kDotMaxQueryValues / 4];
+    std::int32_t block_start[kDotMaxQueryValues / 32];  // per row and block of 32: −128·Σ of its bytes
+    float block_scale[kDotMaxQueryValues / 32];         // per row and block: s_q
 };
 
 // Columns [c0, c0 + 64) of query row x into z at offset o (bytes at o, lanes at o / 4).
@@ -64,76 +66,130 @@ MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries&
     _mm256_store_ps(z.scale + o / 4 + 8, _mm256_set1_ps(block_scale[1]));
 }
 
-// Scores of query rows [m0, m0 + MR) against all of k's rows, in tiles of 4 keys (a tile lies within one run; a
-// short tile repeats its first row, whose scores are not stored), reading ahead through `stream` when `read`.
-template <class Arch, std::size_t MR>
-MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_rows(const DotQueries& z, std::size_t m0,
-                                                                             const BlockedRows<qint8>& k, float scale, Matrix s,
-                                                                             const RowStream<Arch>& stream, bool read) noexcept {
-    // Plain loops, unrolled by pragma: a lambda would not carry the function's target (GCC).
-    using B = batch<Arch>;
-    const std::size_t n = k.rows, d = k.cols;
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m256i pick = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    for (std::size_t j = 0, kr = 0; j < n; j += kr) {
-        kr = min_size(4, run_end<Arch>(k.blocks, n, j) - j);
-        const unsigned char* first = reinterpret_cast<const unsigned char*>(row_of<Arch>(k, j));
-        const std::size_t ld = kr > 1 ? k.stride : 0;
-        if (read) read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
-        B acc[DecodeTiles<Arch>::QB][4];
-#pragma GCC unroll 4
-        for (std::size_t m = 0; m < DecodeTiles<Arch>::QB; ++m)
-#pragma GCC unroll 4
-            for (std::size_t t = 0; t < 4; ++t) acc[m][t] = B(0.0f);
-        for (std::size_t c = 0; c < d; c += 64) {
-            __m512i kv[4];
-            __m512 ks[4];
-#pragma GCC unroll 4
-            for (std::size_t t = 0; t < 4; ++t) {
-                const unsigned char* row = first + (t < kr ? t : 0) * ld;
-                kv[t] = _mm512_xor_si512(_mm512_loadu_si512(row + c), flip);
-                std::uint32_t two;  // the float16 scales of the chunk's two blocks
-                std::memcpy(&two, row + d + c / 16, 4);
-                ks[t] = _mm512_cvtph_ps(_mm256_permutexvar_epi16(pick, _mm256_set1_epi32(static_cast<int>(two))));
-            }
-#pragma GCC unroll 4
-            for (std::size_t m = 0; m < MR; ++m) {
-                const std::size_t o = (m0 + m) * d + c;
-                const __m512i qv = _mm512_load_si512(z.bytes + o);
-                const __m512i start = _mm512_load_si512(z.start + o / 4);
-                const __m512 qs = _mm512_load_ps(z.scale + o / 4);
-#pragma GCC unroll 4
-                for (std::size_t t = 0; t < 4; ++t) {
-                    const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, kv[t], qv));
-                    acc[m][t] = B(_mm512_fmadd_ps(dot, _mm512_mul_ps(ks[t], qs), acc[m][t]));
-                }
-            }
-        }
-        float* sj = s.data + m0 * s.stride + j;
-        switch (kr) {
-            case 1: reduce_store<Arch, MR, 1>(acc, scale, sj, s.stride); break;
-            case 2: reduce_store<Arch, MR, 2>(acc, scale, sj, s.stride); break;
-            case 3: reduce_store<Arch, MR, 3>(acc, scale, sj, s.stride); break;
-            default: reduce_store<Arch, MR, 4>(acc, scale, sj, s.stride); break;
-        }
+// 16 words of 16 lanes transposed in place: lane l of x[i] becomes lane i of x[l].
+MHA_INT8_DOT_TARGET inline void transpose_words(__m512i* x) noexcept {
+    __m512i y[16];
+    for (std::size_t i = 0; i < 16; i += 2) {
+        y[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+        y[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    for (std::size_t i = 0; i < 16; i += 4) {
+        x[i] = _mm512_unpacklo_epi64(y[i], y[i + 2]);
+        x[i + 1] = _mm512_unpackhi_epi64(y[i], y[i + 2]);
+        x[i + 2] = _mm512_unpacklo_epi64(y[i + 1], y[i + 3]);
+        x[i + 3] = _mm512_unpackhi_epi64(y[i + 1], y[i + 3]);
+    }
+    // x[4a + r] now holds, in 128-bit lane L, word 4L + r of rows 4a .. 4a + 3.
+    for (std::size_t i = 0; i < 4; ++i) {
+        y[i] = _mm512_shuffle_i32x4(x[i], x[4 + i], 0x88);
+        y[4 + i] = _mm512_shuffle_i32x4(x[i], x[4 + i], 0xdd);
+        y[8 + i] = _mm512_shuffle_i32x4(x[8 + i], x[12 + i], 0x88);
+        y[12 + i] = _mm512_shuffle_i32x4(x[8 + i], x[12 + i], 0xdd);
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+        x[i] = _mm512_shuffle_i32x4(y[i], y[8 + i], 0x88);
+        x[8 + i] = _mm512_shuffle_i32x4(y[i], y[8 + i], 0xdd);
+        x[4 + i] = _mm512_shuffle_i32x4(y[4 + i], y[12 + i], 0x88);
+        x[12 + i] = _mm512_shuffle_i32x4(y[4 + i], y[12 + i], 0xdd);
     }
 }
 
-// Q quantized, then its tiles of 4 rows over all the keys (the first reads them from memory, the others from cache).
+// out[b][l] = block b's float16 scale of row l (as a float), b < nb, l < 16 (rows[l]: row l's values, d of them).
+MHA_INT8_DOT_TARGET inline void tile_block_scales(const unsigned char* const* rows, std::size_t d, std::size_t nb, float* out) noexcept {
+    std::size_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        __m512i z[2];
+        for (std::size_t h = 0; h < 2; ++h) {
+            __m128i x[4];
+            for (std::size_t i = 0; i < 4; ++i)
+                x[i] = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[8 * h + 2 * i] + d + 2 * b))),
+                                                     reinterpret_cast<const double*>(rows[8 * h + 2 * i + 1] + d + 2 * b)));
+            z[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(x[0]), x[1], 1)),
+                                      _mm256_inserti128_si256(_mm256_castsi128_si256(x[2]), x[3], 1), 1);
+        }
+        for (std::size_t k = 0; k < 4; ++k) {
+            // Lane l < 16: the 16-bit element 4·l + k of z0:z1 (row l, block b + k).
+            const __m512i idx = _mm512_add_epi16(_mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 60, 56, 52, 48, 44, 40,
+                                                                  36, 32, 28, 24, 20, 16, 12, 8, 4, 0),
+                                                 _mm512_set1_epi16(static_cast<short>(k)));
+            _mm512_store_ps(out + 16 * (b + k), _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(z[0], idx, z[1]))));
+        }
+    }
+    for (; b < nb; ++b)
+        for (std::size_t l = 0; l < 16; ++l) {
+            std::uint16_t h;
+            std::memcpy(&h, rows[l] + d + 2 * b, 2);
+            out[16 * b + l] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+        }
+}
+
+// Scores of all M query rows against keys [j, j + kr) (kr <= 16; rows[l] for l < 16, repeating the last key past
+// kr), into s's columns j .. (only the kr stored). acc: M·16 floats of workspace.
+template <class Arch>
+MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_keys(const DotQueries& z, std::size_t M, std::size_t d,
+                                                                             const unsigned char* const* rows, std::size_t kr,
+                                                                             float scale, float* sj, std::size_t lds,
+                                                                             float* acc) noexcept {
+    const std::size_t nb = d / 32;
+    alignas(64) float ks[kDotMaxQueryValues / 32 * 16];
+    tile_block_scales(rows, d, nb, ks);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (std::size_t c = 0; c < d; c += 64) {
+        __m512i w[16];
+#pragma GCC unroll 16
+        for (std::size_t l = 0; l < 16; ++l) w[l] = _mm512_xor_si512(_mm512_loadu_si512(rows[l] + c), flip);
+        transpose_words(w);
+        const std::size_t b = c / 32;
+        const __m512 k0 = _mm512_load_ps(ks + 16 * b), k1 = _mm512_load_ps(ks + 16 * b + 16);
+        for (std::size_t m = 0; m < M; ++m) {
+            const std::int32_t* qw = reinterpret_cast<const std::int32_t*>(z.bytes + m * d + c);
+            __m512i a0 = _mm512_set1_epi32(z.block_start[m * (d / 32) + b]);
+            __m512i a1 = _mm512_set1_epi32(z.block_start[m * (d / 32) + b + 1]);
+#pragma GCC unroll 8
+            for (std::size_t i = 0; i < 8; ++i) {
+                a0 = _mm512_dpbusd_epi32(a0, w[i], _mm512_set1_epi32(qw[i]));
+                a1 = _mm512_dpbusd_epi32(a1, w[8 + i], _mm512_set1_epi32(qw[8 + i]));
+            }
+            const float* qs = z.block_scale + m * (d / 32) + b;
+            float* am = acc + 16 * m;
+            __m512 f = c == 0 ? _mm512_setzero_ps() : _mm512_load_ps(am);
+            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(k0, _mm512_set1_ps(qs[0])), f);
+            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(k1, _mm512_set1_ps(qs[1])), f);
+            _mm512_store_ps(am, f);
+        }
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << kr) - 1u);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (std::size_t m = 0; m < M; ++m) _mm512_mask_storeu_ps(sj + m * lds, keep, _mm512_mul_ps(sc, _mm512_load_ps(acc + 16 * m)));
+}
+
+// Q quantized, then the keys 16 at a time (rows through the block table), read ahead through `stream`.
 template <class Arch>
 MHA_INT8_DOT_TARGET __attribute__((noinline)) void scores_int8_dot_impl(float scale, ConstMatrix q, const BlockedRows<qint8>& k,
                                                                          Matrix s, const RowStream<Arch>& stream) noexcept {
-    const std::size_t M = q.rows, d = q.cols;
+    const std::size_t M = q.rows, d = q.cols, n = k.rows, nb = d / 32;
     DotQueries z;
     for (std::size_t m = 0; m < M; ++m)
         for (std::size_t c = 0; c < d; c += 64) quantize_query_chunk<Arch>(q.data + m * q.stride + c, z, m * d + c);
-    for (std::size_t m0 = 0; m0 < M; m0 += 4) {
-        switch (min_size(4, M - m0)) {
-            case 1: int8_dot_rows<Arch, 1>(z, m0, k, scale, s, stream, m0 == 0); break;
-            case 2: int8_dot_rows<Arch, 2>(z, m0, k, scale, s, stream, m0 == 0); break;
-            case 3: int8_dot_rows<Arch, 3>(z, m0, k, scale, s, stream, m0 == 0); break;
-            default: int8_dot_rows<Arch, 4>(z, m0, k, scale, s, stream, m0 == 0); break;
+    for (std::size_t m = 0; m < M; ++m)
+        for (std::size_t b = 0; b < nb; ++b) {
+            std::int32_t sum = 0;
+            for (std::size_t i = 0; i < 8; ++i) sum += z.start[(m * d + 32 * b) / 4 + i];
+            z.block_start[m * nb + b] = sum;
+            z.block_scale[m * nb + b] = z.scale[(m * d + 32 * b) / 4];
         }
+    alignas(64) float acc[kDotMaxQueryValues / 64 * 16];
+    const unsigned char* rows[16];
+    for (std::size_t j = 0, kr = 0; j < n; j += kr) {
+        kr = min_size(16, n - j);
+        for (std::size_t l = 0, e = 0; l < kr; l = e) {  // run by run
+            e = min_size(kr, run_end<Arch>(k.blocks, n, j + l) - j);
+            const unsigned char* first = reinterpret_cast<const unsigned char*>(row_of<Arch>(k, j + l));
+            for (std::size_t i = l; i < e; ++i) rows[i] = first + (i - l) * k.stride;
+        }
+        for (std::size_t l = kr; l < 16; ++l) rows[l] = rows[kr - 1];
+        read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
+        int8_dot_keys<Arch>(z, M, d, rows, kr, scale, s.data + j, s.stride, acc);
     }
 }
 
