@@ -12,7 +12,7 @@
 
 namespace mha::simd {
 
-// Query values (M·d) at most for the int8 scores on dot products (decode_int8_dot_impl.hpp: 24 KB on the stack).
+// Query values (M·d) at most for the int8 scores on dot products (decode_int8_dot_impl.hpp: about 50 KB on the stack).
 inline constexpr std::size_t kDotMaxQueryValues = 8192;
 
 // int8 K (decode_scores only): where this holds, the scores are integer dot products instead (vpdpbusd, on CPUs

@@ -190,7 +190,9 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 // ahead: the rows the caller reads next (rows_ahead.hpp), prefetched as the kernel nears the end of its own;
 // it changes no result. kv_scale: the tensor scale of fp8 rows (k_scale / v_scale; ignored by the other types).
 // int8 rows (mha/quantized.hpp) hold d values then their scales: the view's stride covers both, its cols are d.
-// int8 K on AVX512_VNNI: decode_scores may use integer dot products instead (int8_scores_on_dot_products, decode.hpp).
+// int8 K on AVX512_VNNI: decode_scores may use integer dot products instead (int8_scores_on_dot_products, decode.hpp);
+// int8 V likewise decode_accumulate (int8_values_on_dot_products: P rounded to int16 per group of 64 keys at fixed
+// positions of v.origin, so splitting the rows into calls keeps the bits only at those positions).
 
 #define MHA_DECODE_DECLARE_(name, E)                                                                              \
     void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {},   \
