@@ -463,6 +463,18 @@ TEST_F(Int8DotProducts, TinyQueryBlocksKeepTheirPrecision) {
     }
 }
 
+// x's rows (int8, unpadded) copied into a pool of `blocks` blocks of bs rows, 0xff elsewhere: row j at row
+// first + j of the blocks table[0], table[1], ...
+std::vector<unsigned char> paged_copy(ByteMat& x, const std::uint32_t* table, std::size_t blocks, std::size_t bs, std::size_t first) {
+    const std::size_t row = mha::int8_row_bytes(x.d);
+    std::vector<unsigned char> pool(blocks * bs * row, 0xff);
+    for (std::size_t j = 0; j < x.rows; ++j) {
+        const std::size_t r = first + j;
+        std::memcpy(pool.data() + (table[r / bs] * bs + r % bs) * row, x.row(j), row);
+    }
+    return pool;
+}
+
 // The int8 P·V on dot products as decode.hpp states it (int8_values_on_dot_products), one value at a time: keys
 // in groups ending at the multiples of 64 of origin + j (and at n); per group, row m and block b:
 // P'_j = fl(p·s_j,b), a = max(max |P'_j|, 2^-64), r = fl(32767 / a), t = fl(a / 32767), u_j = nearest even of
@@ -626,13 +638,9 @@ TEST_F(Int8DotProducts, AccumulateBlockedRowsSplitCallsAndTheEnd) {
     std::mt19937 gen(32);
     const std::size_t d = 128, row = mha::int8_row_bytes(d), bs = 16, M = 4, n = 150, first = 5, origin = 16 * 3 + first;
     const std::uint32_t table[] = {9, 3, 0, 6, 2, 5, 1, 8, 7, 4, 3};
-    std::vector<unsigned char> pool(10 * bs * row, 0xff);
     ByteMat v(DataType::int8, 1.0f, n, d, 0, 0, 0);
     v.fill(gen);
-    for (std::size_t j = 0; j < n; ++j) {
-        const std::size_t r = first + j;
-        std::memcpy(pool.data() + (table[r / bs] * bs + r % bs) * row, v.row(j), row);
-    }
+    const std::vector<unsigned char> pool = paged_copy(v, table, 10, bs, first);
     FloatMat p(M, n, 0), o(M, d, 0);
     p.fill(gen, 0.0f, 1.0f);
     o.fill(gen, -1.0f, 1.0f);
@@ -674,13 +682,9 @@ TEST_F(Int8DotProducts, BlockedRowsAndTheEndOfTheRows) {
     std::mt19937 gen(27);
     const std::size_t d = 128, row = mha::int8_row_bytes(d), bs = 16, M = 4, n = 70, first = 5;
     const std::uint32_t table[] = {3, 0, 6, 2, 5, 1};
-    std::vector<unsigned char> pool(7 * bs * row, 0xff);
     ByteMat k(DataType::int8, 1.0f, n, d, 0, 0, 0);
     k.fill(gen);
-    for (std::size_t j = 0; j < n; ++j) {
-        const std::size_t r = first + j;
-        std::memcpy(pool.data() + (table[r / bs] * bs + r % bs) * row, k.row(j), row);
-    }
+    const std::vector<unsigned char> pool = paged_copy(k, table, 7, bs, first);
     FloatMat q(M, d, 0), s(M, n, 0), blocked(M, n, 0);
     q.fill(gen, -1.0f, 1.0f);
     scores(0.5f, q.cview(), k, s.view());
