@@ -142,13 +142,18 @@ MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_keys(co
         const std::size_t b = c / 32;
         const __m512 k0 = _mm512_load_ps(ks + 16 * b), k1 = _mm512_load_ps(ks + 16 * b + 16);
         for (std::size_t m = 0; m < M; ++m) {
-            const std::int32_t* qw = reinterpret_cast<const std::int32_t*>(z.bytes + m * d + c);
+            const std::int8_t* qm = z.bytes + m * d + c;
+            auto word = [qm](std::size_t i) MHA_GEMM_INLINE {  // Q's bytes 4i .. 4i + 3 of the chunk, broadcast
+                std::int32_t x;
+                std::memcpy(&x, qm + 4 * i, 4);
+                return _mm512_set1_epi32(x);
+            };
             __m512i a0 = _mm512_set1_epi32(z.block_start[m * (d / 32) + b]);
             __m512i a1 = _mm512_set1_epi32(z.block_start[m * (d / 32) + b + 1]);
 #pragma GCC unroll 8
             for (std::size_t i = 0; i < 8; ++i) {
-                a0 = _mm512_dpbusd_epi32(a0, w[i], _mm512_set1_epi32(qw[i]));
-                a1 = _mm512_dpbusd_epi32(a1, w[8 + i], _mm512_set1_epi32(qw[8 + i]));
+                a0 = _mm512_dpbusd_epi32(a0, w[i], word(i));
+                a1 = _mm512_dpbusd_epi32(a1, w[8 + i], word(8 + i));
             }
             const float* qs = z.block_scale + m * (d / 32) + b;
             float* am = acc + 16 * m;
