@@ -66,7 +66,9 @@ MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries&
     _mm256_store_ps(z.scale + o / 4 + 8, _mm256_set1_ps(block_scale[1]));
 }
 
-// 16 words of 16 lanes transposed in place: lane l of x[i] becomes lane i of x[l].
+// 16 words of 16 lanes transposed in place: lane l of x[i] becomes lane i of x[l]. (Helpers here are templates on
+// Arch, as in decode_impl.hpp: no weak symbol compiled with AVX-512 flags for another ISA's path to link to.)
+template <class Arch>
 MHA_INT8_DOT_TARGET inline void transpose_words(__m512i* x) noexcept {
     __m512i y[16];
     for (std::size_t i = 0; i < 16; i += 2) {
@@ -95,6 +97,7 @@ MHA_INT8_DOT_TARGET inline void transpose_words(__m512i* x) noexcept {
 }
 
 // out[b][l] = block b's float16 scale of row l (as a float), b < nb, l < 16 (rows[l]: row l's values, d of them).
+template <class Arch>
 MHA_INT8_DOT_TARGET inline void tile_block_scales(const unsigned char* const* rows, std::size_t d, std::size_t nb, float* out) noexcept {
     std::size_t b = 0;
     for (; b + 4 <= nb; b += 4) {
@@ -132,13 +135,13 @@ MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_keys(co
                                                                              float* acc) noexcept {
     const std::size_t nb = d / 32;
     alignas(64) float ks[kDotMaxQueryValues / 32 * 16];
-    tile_block_scales(rows, d, nb, ks);
+    tile_block_scales<Arch>(rows, d, nb, ks);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (std::size_t c = 0; c < d; c += 64) {
         __m512i w[16];
 #pragma GCC unroll 16
         for (std::size_t l = 0; l < 16; ++l) w[l] = _mm512_xor_si512(_mm512_loadu_si512(rows[l] + c), flip);
-        transpose_words(w);
+        transpose_words<Arch>(w);
         const std::size_t b = c / 32;
         const __m512 k0 = _mm512_load_ps(ks + 16 * b), k1 = _mm512_load_ps(ks + 16 * b + 16);
         for (std::size_t m = 0; m < M; ++m) {

@@ -38,13 +38,16 @@ struct PvGroupP {
     alignas(64) float t[kPvMaxCols / 32][4];
 };
 
-// Where keys k, k + 1 (k even) sit in a row of PvGroupP::u.
+// Where keys k, k + 1 (k even) sit in a row of PvGroupP::u. (Helpers here are templates on Arch, as in
+// decode_impl.hpp: no weak symbol compiled with AVX-512 flags for another ISA's path to link to.)
+template <class Arch>
 inline std::size_t pair_at(std::size_t k) noexcept {
     const std::size_t w = k % 32;
     return k - w + (w % 16) / 4 * 8 + (w >= 16 ? 4 : 0) + w % 4;
 }
 
 // Lane k of the result: the largest of x[k]'s 16 lanes (signed 32-bit), for 16 vectors.
+template <class Arch>
 MHA_INT8_PV_TARGET inline __m512i lane_maxima(__m512i* x) noexcept {
     __m512i y[8], z[4];
     for (std::size_t i = 0; i < 8; ++i)  // per 128-bit lane: x[2i]'s and x[2i + 1]'s pairs interleaved
@@ -87,7 +90,7 @@ MHA_INT8_PV_TARGET inline void quantize_group_p(ConstMatrix p, std::size_t m0, s
             products((q0 + q) % mr, (q0 + q) / mr, x);
             for (std::size_t v = 0; v < V; ++v) lanes[q] = _mm512_max_epi32(lanes[q], _mm512_and_si512(_mm512_castps_si512(x[v]), magnitude));
         }
-        const __m512i top = lane_maxima(lanes);
+        const __m512i top = lane_maxima<Arch>(lanes);
         const __mmask16 bad = _mm512_cmpge_epi32_mask(top, _mm512_set1_epi32(0x7f800000));
         const __m512 a = _mm512_max_ps(_mm512_castsi512_ps(top), _mm512_set1_ps(0x1p-64f));
         _mm512_store_ps(r + q0, _mm512_div_ps(_mm512_set1_ps(32767.0f), a));
@@ -125,7 +128,7 @@ MHA_INT8_PV_TARGET __attribute__((noinline, aligned(64))) void pv_group_tile(con
         // This tile's share of the group's read-ahead, spread over its pairs.
         if (stream != nullptr)
             read_ahead<Arch>(*stream, ahead_first + k * ahead_rows / g, ahead_first + min_size(k + 2, g) * ahead_rows / g);
-        const std::size_t at = pair_at(k);
+        const std::size_t at = pair_at<Arch>(k);
         const unsigned char* ra = rows[k] + c0;
         const unsigned char* rb = rows[k + 1] + c0;
         __m512i x[NA];
