@@ -24,16 +24,14 @@ void scores_int8_dot(float scale, ConstMatrix q, const BlockedRows<qint8>& k, Ma
 #if defined(__AVX512F__)
 #define MHA_INT8_DOT_TARGET __attribute__((target("avx512vnni")))
 
-// Q quantized for the dot products: per row and 64-column chunk, the bytes, each lane's start and each lane's s_q.
+// Q quantized for the dot products: per row, its bytes, and per block of 32 columns its start and s_q.
 struct DotQueries {
     alignas(64) std::int8_t bytes[kDotMaxQueryValues];
-    alignas(64) std::int32_t start[kDotMaxQueryValues / 4];
-    alignas(64) float scale[kDotMaxQueryValues / 4];
     std::int32_t block_start[kDotMaxQueryValues / 32];  // per row and block of 32: −128·Σ of its bytes
     float block_scale[kDotMaxQueryValues / 32];         // per row and block: s_q
 };
 
-// Columns [c0, c0 + 64) of query row x into z at offset o (bytes at o, lanes at o / 4).
+// Columns [c0, c0 + 64) of query row x into z at offset o (bytes at o, blocks at o / 32).
 template <class Arch>
 MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries& z, std::size_t o) noexcept {
     alignas(64) std::int8_t bytes[64];
@@ -59,11 +57,12 @@ MHA_INT8_DOT_TARGET inline void quantize_query_chunk(const float* x, DotQueries&
     }
     const __m512i qv = _mm512_load_si512(bytes);
     _mm512_store_si512(z.bytes + o, qv);
-    // −128·Σ of each lane's 4 bytes: vpdpbusd of the bytes against 128 (unsigned), negated.
+    // 128·Σ of each lane's 4 bytes (vpdpbusd of the bytes against 128, unsigned), then per block of 8 lanes, negated.
     const __m512i sum128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), qv);
-    _mm512_store_si512(z.start + o / 4, _mm512_sub_epi32(_mm512_setzero_si512(), sum128));
-    _mm256_store_ps(z.scale + o / 4, _mm256_set1_ps(block_scale[0]));
-    _mm256_store_ps(z.scale + o / 4 + 8, _mm256_set1_ps(block_scale[1]));
+    z.block_start[o / 32] = -_mm512_mask_reduce_add_epi32(0x00ff, sum128);
+    z.block_start[o / 32 + 1] = -_mm512_mask_reduce_add_epi32(0xff00, sum128);
+    z.block_scale[o / 32] = block_scale[0];
+    z.block_scale[o / 32 + 1] = block_scale[1];
 }
 
 // 16 words of 16 lanes transposed in place: lane l of x[i] becomes lane i of x[l]. (Helpers here are templates on
@@ -96,46 +95,17 @@ MHA_INT8_DOT_TARGET inline void transpose_words(__m512i* x) noexcept {
     }
 }
 
-// out[b][l] = block b's float16 scale of row l (as a float), b < nb, l < 16 (rows[l]: row l's values, d of them).
-template <class Arch>
-MHA_INT8_DOT_TARGET inline void tile_block_scales(const unsigned char* const* rows, std::size_t d, std::size_t nb, float* out) noexcept {
-    std::size_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        __m512i z[2];
-        for (std::size_t h = 0; h < 2; ++h) {
-            __m128i x[4];
-            for (std::size_t i = 0; i < 4; ++i)
-                x[i] = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[8 * h + 2 * i] + d + 2 * b))),
-                                                     reinterpret_cast<const double*>(rows[8 * h + 2 * i + 1] + d + 2 * b)));
-            z[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(x[0]), x[1], 1)),
-                                      _mm256_inserti128_si256(_mm256_castsi128_si256(x[2]), x[3], 1), 1);
-        }
-        for (std::size_t k = 0; k < 4; ++k) {
-            // Lane l < 16: the 16-bit element 4·l + k of z0:z1 (row l, block b + k).
-            const __m512i idx = _mm512_add_epi16(_mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 60, 56, 52, 48, 44, 40,
-                                                                  36, 32, 28, 24, 20, 16, 12, 8, 4, 0),
-                                                 _mm512_set1_epi16(static_cast<short>(k)));
-            _mm512_store_ps(out + 16 * (b + k), _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(z[0], idx, z[1]))));
-        }
-    }
-    for (; b < nb; ++b)
-        for (std::size_t l = 0; l < 16; ++l) {
-            std::uint16_t h;
-            std::memcpy(&h, rows[l] + d + 2 * b, 2);
-            out[16 * b + l] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-        }
-}
+// The keys' block scales: [block][kDotScaleStride] floats, lane l key l (chunk_block_scales writes up to 15 lanes
+// past a run).
+inline constexpr std::size_t kDotScaleStride = 32;
 
 // Scores of all M query rows against keys [j, j + kr) (kr <= 16; rows[l] for l < 16, repeating the last key past
-// kr), into s's columns j .. (only the kr stored). acc: M·16 floats of workspace.
+// kr; ks their block scales), into s's columns j .. (only the kr stored). acc: M·16 floats of workspace.
 template <class Arch>
 MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_keys(const DotQueries& z, std::size_t M, std::size_t d,
-                                                                             const unsigned char* const* rows, std::size_t kr,
-                                                                             float scale, float* sj, std::size_t lds,
-                                                                             float* acc) noexcept {
-    const std::size_t nb = d / 32;
-    alignas(64) float ks[kDotMaxQueryValues / 32 * 16];
-    tile_block_scales<Arch>(rows, d, nb, ks);
+                                                                             const unsigned char* const* rows, const float* ks,
+                                                                             std::size_t kr, float scale, float* sj,
+                                                                             std::size_t lds, float* acc) noexcept {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (std::size_t c = 0; c < d; c += 64) {
         __m512i w[16];
@@ -143,7 +113,7 @@ MHA_INT8_DOT_TARGET __attribute__((noinline, aligned(64))) void int8_dot_keys(co
         for (std::size_t l = 0; l < 16; ++l) w[l] = _mm512_xor_si512(_mm512_loadu_si512(rows[l] + c), flip);
         transpose_words<Arch>(w);
         const std::size_t b = c / 32;
-        const __m512 k0 = _mm512_load_ps(ks + 16 * b), k1 = _mm512_load_ps(ks + 16 * b + 16);
+        const __m512 k0 = _mm512_load_ps(ks + kDotScaleStride * b), k1 = _mm512_load_ps(ks + kDotScaleStride * (b + 1));
         for (std::size_t m = 0; m < M; ++m) {
             const std::int8_t* qm = z.bytes + m * d + c;
             auto word = [qm](std::size_t i) MHA_GEMM_INLINE {  // Q's bytes 4i .. 4i + 3 of the chunk, broadcast
@@ -179,25 +149,20 @@ MHA_INT8_DOT_TARGET __attribute__((noinline)) void scores_int8_dot_impl(float sc
     DotQueries z;
     for (std::size_t m = 0; m < M; ++m)
         for (std::size_t c = 0; c < d; c += 64) quantize_query_chunk<Arch>(q.data + m * q.stride + c, z, m * d + c);
-    for (std::size_t m = 0; m < M; ++m)
-        for (std::size_t b = 0; b < nb; ++b) {
-            std::int32_t sum = 0;
-            for (std::size_t i = 0; i < 8; ++i) sum += z.start[(m * d + 32 * b) / 4 + i];
-            z.block_start[m * nb + b] = sum;
-            z.block_scale[m * nb + b] = z.scale[(m * d + 32 * b) / 4];
-        }
     alignas(64) float acc[kDotMaxQueryValues / 64 * 16];
+    alignas(64) float ks[kDotMaxQueryValues / 32 * kDotScaleStride];
     const unsigned char* rows[16];
     for (std::size_t j = 0, kr = 0; j < n; j += kr) {
         kr = min_size(16, n - j);
-        for (std::size_t l = 0, e = 0; l < kr; l = e) {  // run by run
-            e = min_size(kr, run_end<Arch>(k.blocks, n, j + l) - j);
-            const unsigned char* first = reinterpret_cast<const unsigned char*>(row_of<Arch>(k, j + l));
-            for (std::size_t i = l; i < e; ++i) rows[i] = first + (i - l) * k.stride;
+        rows_by_run<Arch>(k, j, kr, rows, [&](std::size_t l, std::size_t e, const qint8* first) {
+            chunk_block_scales(Arch{}, first, k.stride, e - l, d, 0, nb, ks + l, kDotScaleStride);
+        });
+        for (std::size_t l = kr; l < 16; ++l) {  // the lanes past the last key repeat it (stored, never read)
+            rows[l] = rows[kr - 1];
+            for (std::size_t b = 0; b < nb; ++b) ks[b * kDotScaleStride + l] = ks[b * kDotScaleStride + kr - 1];
         }
-        for (std::size_t l = kr; l < 16; ++l) rows[l] = rows[kr - 1];
         read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
-        int8_dot_keys<Arch>(z, M, d, rows, kr, scale, s.data + j, s.stride, acc);
+        int8_dot_keys<Arch>(z, M, d, rows, ks, kr, scale, s.data + j, s.stride, acc);
     }
 }
 

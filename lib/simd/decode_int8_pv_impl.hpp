@@ -8,7 +8,8 @@
 //   u_j = nearest even of fl(P'_j·r) (|u_j| <= 32767, an int16);
 //   o[m, c] = fma(float(Σ_j u_j·v[j, c]), t, o[m, c])   (the integer sum exact: |Σ| < 2^31), groups in order;
 //   a non-finite P'_j makes its group's t NaN (o NaN in the block's columns).
-// Each P' is rounded to 15 bits of its group's largest: |u_j·t − P'_j| <= (1/2 + 2^-8)·t, a relative 2^-16 of a.
+// Each P' is rounded to 15 bits of its group's largest: |u_j·t − P'_j| <= (1/2 + 2^-7)·t (the product P'·r and
+// the rounding of r add about 0.0061·t to the rounding's half: docs/kv-quantization.md).
 // Preconditions: d a multiple of 32, at most kPvMaxCols.
 #pragma once
 #include <cstddef>
@@ -177,12 +178,9 @@ MHA_INT8_PV_TARGET __attribute__((noinline)) void accumulate_int8_dot_impl(Const
     for (std::size_t j0 = 0, g = 0; j0 < n; j0 += g) {
         g = min_size(n - j0, kPvGroup - (v.origin + j0) % kPvGroup);
         // The group's rows and block scales (block-major), run by run (a group of 64 keys spans blocks of 16 or 32).
-        for (std::size_t k = 0, e = 0; k < g; k = e) {
-            e = min_size(g, run_end<Arch>(v.blocks, n, j0 + k) - j0);
-            const qint8* first = row_of<Arch>(v, j0 + k);
-            for (std::size_t i = k; i < e; ++i) rows[i] = reinterpret_cast<const unsigned char*>(first + (i - k) * v.stride);
+        rows_by_run<Arch>(v, j0, g, rows, [&](std::size_t k, std::size_t e, const qint8* first) {
             chunk_block_scales(Arch{}, first, v.stride, e - k, d, 0, nb, s + k, kPvScaleStride);
-        }
+        });
         rows[g] = rows[g - 1];
         for (std::size_t m0 = 0; m0 < M; m0 += 4) {
             const std::size_t mr = min_size(4, M - m0);

@@ -50,6 +50,20 @@ inline __attribute__((always_inline)) const E* row_of(const BlockedRows<E>& x, s
     return reinterpret_cast<const E*>(row_address<Arch>(reinterpret_cast<const char*>(x.data), x.stride * sizeof(E), x.blocks, i));
 }
 
+// rows[i] = row j + i of x (as bytes) for i < count (j + count <= x.rows), filled a run of equally strided rows at
+// a time; on_run(k, e, first) after each run [k, e) of them, first = row j + k.
+template <class Arch, class E, class F>
+inline __attribute__((always_inline)) void rows_by_run(const BlockedRows<E>& x, std::size_t j, std::size_t count,
+                                                       const unsigned char** rows, F&& on_run) noexcept {
+    for (std::size_t k = 0, e = 0; k < count; k = e) {
+        const std::size_t end = run_end<Arch>(x.blocks, x.rows, j + k) - j;
+        e = end < count ? end : count;
+        const E* first = row_of<Arch>(x, j + k);
+        for (std::size_t i = k; i < e; ++i) rows[i] = reinterpret_cast<const unsigned char*>(first + (i - k) * x.stride);
+        on_run(k, e, first);
+    }
+}
+
 // A kernel's own n rows (row stride ld bytes, placed by `blocks`, `bytes` bytes each), then the caller's next
 // rows. row(i) is row i of that stream, or null past its end.
 template <class Arch>
