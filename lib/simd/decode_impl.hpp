@@ -32,7 +32,7 @@
 //   from L1. int8 V: columns in slices of kFoldCols outermost, chunks of at most kFoldKeys rows, and per chunk
 //   and query tile P times each block's scales into a [block][row][kFoldKeys] buffer the tiles read.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
-//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more; fp32 rows
+//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more; all but fp8 rows
 //   also into L2 as far again ahead, read_ahead.hpp), in the
 //   caller's reading order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next
 //   block of a paged cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row)

@@ -1,11 +1,12 @@
 // Software read-ahead for the decode kernels (decode_impl.hpp): the stream of
 // rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
-// distance ahead in it (fp32 rows also into L2, further on). Templates on Arch, so that no copy compiled with one
+// distance ahead in it (all but fp8 rows also into L2, further on). Templates on Arch, so that no copy compiled with one
 // ISA's flags serves another's path.
 #pragma once
 #include <cstddef>
 #include <type_traits>
 
+#include "mha/quantized.hpp"
 #include "mha/view.hpp"
 #include "rows_ahead.hpp"
 
@@ -99,13 +100,15 @@ inline __attribute__((always_inline)) RowStream<Arch> row_stream(const BlockedRo
         const bool open = r.ahead.data == nullptr || r.ahead.blocks.table != nullptr;
         const std::size_t cap = open ? rows : r.ahead.rows > max_rows ? r.ahead.rows : max_rows;
         r.distance = rows < 4 ? 4 : rows > cap ? cap : rows;
-        // fp32 rows, which the kernels read at the memory's pace, also go into L2 as far again ahead: more lines
-        // in flight than L1's misses allow. One Zen 5 core, attention core of 16 decodes of 2048 keys, 5
-        // alternating rounds: blocks of 16 / 64 / 256 keys 12.09 / 10.08 / 8.69 -> 9.19 / 8.55 / 7.92 ms, ragged
-        // lengths 9.89 -> 8.72 ms (twice and four times as far measured no better). Narrower rows are
-        // compute-bound and lose (bf16 with an L2 read-ahead twice as far, 16 ragged decodes: 4.75-4.88 -> 5.21-5.38
-        // ms).
-        if constexpr (std::is_same_v<E, float>) r.l2_more = r.distance;
+        // Rows also go into L2 as far again ahead: more lines in flight than L1's misses allow. fp32, one Zen 5
+        // core, attention core of 16 decodes of 2048 keys, 5 alternating rounds: blocks of 16 / 64 / 256 keys
+        // 12.09 / 10.08 / 8.69 -> 9.19 / 8.55 / 7.92 ms, ragged lengths 9.89 -> 8.72 ms (twice and four times as far
+        // measured no better). bf16 measured worse there (twice as far, 16 ragged decodes: 4.75-4.88 -> 5.21-5.38
+        // ms), and better on one Zen 4 core (stop 53, 16 ragged decodes in blocks of 64: bf16 12.1-12.6 -> 9.7-9.9 ms,
+        // int8 7.8-8.4 -> 6.6-6.8 ms; one sequence in blocks of 256 unchanged), where the prefetches to L1 alone
+        // stalled the int8 scores kernel. fp8 rows, widened by the longest instruction sequences, are compute-bound
+        // and lose (e4m3, same shapes: 10.5-10.7 -> 11.3-11.5 ms).
+        if constexpr (!std::is_same_v<E, fp8_e4m3> && !std::is_same_v<E, fp8_e5m2>) r.l2_more = r.distance;
     }
     return r;
 }
