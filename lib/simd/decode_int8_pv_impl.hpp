@@ -133,34 +133,36 @@ MHA_INT8_PV_TARGET __attribute__((noinline, aligned(64))) void pv_group_tile(con
         for (std::size_t a = 0; a < NA; ++a) acc[i][a] = _mm512_setzero_si512();
     const std::size_t b0 = c0 / 32;
     for (std::size_t k0 = 0; k0 < g; k0 += 16) {
-      const std::size_t k1 = min_size(k0 + 16, g);
-      // This tile's share of the group's read-ahead, spread over its keys 16 at a time (not in the pairs' loop:
-      // there its branch and divisions made GCC copy the accumulators each pair and spill two of them).
-      if (stream != nullptr) read_ahead<Arch>(*stream, ahead_first + k0 * ahead_rows / g, ahead_first + k1 * ahead_rows / g);
-      for (std::size_t k = k0; k < k1; k += 2) {
-        const std::size_t at = pair_at<Arch>(k);
-        const unsigned char* ra = rows[k] + c0;
-        const unsigned char* rb = rows[k + 1] + c0;
-        __m512i x[NA];
-#pragma GCC unroll 2
-        for (std::size_t b = 0; b < NB; ++b) {
-            const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32 * b));
-            const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32 * b));
-            // Per 128-bit lane, the two keys' bytes interleaved: columns 0..7 and 16..23 (lo), 8..15 and 24..31 (hi).
-            x[2 * b] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(va, vb));
-            x[2 * b + 1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(va, vb));
-        }
-#pragma GCC unroll 4
-        for (std::size_t i = 0; i < MR; ++i)
+        const std::size_t k1 = min_size(k0 + 16, g);
+        // This tile's share of the group's read-ahead, spread over its keys 16 at a time (not in the pairs' loop:
+        // there its branch and divisions made GCC copy the accumulators each pair and spill two of them).
+        if (stream != nullptr)
+            read_ahead<Arch>(*stream, ahead_first + k0 * ahead_rows / g, ahead_first + k1 * ahead_rows / g);
+        for (std::size_t k = k0; k < k1; k += 2) {
+            const std::size_t at = pair_at<Arch>(k);
+            const unsigned char* ra = rows[k] + c0;
+            const unsigned char* rb = rows[k + 1] + c0;
+            __m512i x[NA];
 #pragma GCC unroll 2
             for (std::size_t b = 0; b < NB; ++b) {
-                std::int32_t two;
-                std::memcpy(&two, &z.u[b0 + b][i][at], 4);
-                const __m512i pair = _mm512_set1_epi32(two);
-                dot_pairs_into<Arch>(acc[i][2 * b], x[2 * b], pair);
-                dot_pairs_into<Arch>(acc[i][2 * b + 1], x[2 * b + 1], pair);
+                const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32 * b));
+                const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32 * b));
+                // Per 128-bit lane, the two keys' bytes interleaved: columns 0..7 and 16..23 (lo), 8..15 and
+                // 24..31 (hi).
+                x[2 * b] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(va, vb));
+                x[2 * b + 1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(va, vb));
             }
-      }
+#pragma GCC unroll 4
+            for (std::size_t i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+                for (std::size_t b = 0; b < NB; ++b) {
+                    std::int32_t two;
+                    std::memcpy(&two, &z.u[b0 + b][i][at], 4);
+                    const __m512i pair = _mm512_set1_epi32(two);
+                    dot_pairs_into<Arch>(acc[i][2 * b], x[2 * b], pair);
+                    dot_pairs_into<Arch>(acc[i][2 * b + 1], x[2 * b + 1], pair);
+                }
+        }
     }
     // Back to column order: lo holds columns 0..7 and 16..23, hi 8..15 and 24..31.
     const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);

@@ -1,7 +1,7 @@
 // Software read-ahead for the decode kernels (decode_impl.hpp): the stream of
 // rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
-// distance ahead in it (all but fp8 rows also into L2, further on). Templates on Arch, so that no copy compiled with one
-// ISA's flags serves another's path.
+// distance ahead in it (all but fp8 rows also into L2, further on). Templates on Arch, so that no copy compiled
+// with one ISA's flags serves another's path.
 #pragma once
 #include <cstddef>
 #include <type_traits>
