@@ -32,13 +32,13 @@
 //   from L1. int8 V: columns in slices of kFoldCols outermost, chunks of at most kFoldKeys rows, and per chunk
 //   and query tile P times each block's scales into a [block][row][kFoldKeys] buffer the tiles read.
 // Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
-//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more; all but
-//   fp8 rows also into L2 as far again ahead, read_ahead.hpp), in the caller's reading order: past the
-//   kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a paged cache, or V
-//   after K). The tiles' own order (4 key rows at once, or a column slice of each V row) streams far slower
-//   through the hardware prefetchers, and they restart at every block of a paged cache and fetch past its end;
-//   reading ahead by prefetch measured 1.3-1.6× faster than reading each row's lines in address order just
-//   before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
+//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more; fp32,
+//   16-bit and int8 in short blocks also into L2 as far again ahead, read_ahead.hpp), in the caller's reading
+//   order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a paged
+//   cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row) streams far
+//   slower through the hardware prefetchers, and they restart at every block of a paged cache and fetch past
+//   its end; reading ahead by prefetch measured 1.3-1.6× faster than reading each row's lines in address order
+//   just before use ("touch", this kernel's earlier scheme) on one AMD Zen 5 core,
 //   on contiguous rows and on blocks of 64 and 256 rows alike (bench/bench_decode.cpp, bench --op step).
 //   A block's or chunk's read-ahead is spread over its tiles (a share of its rows per query tile of scores,
 //   per tile of accumulate), not issued by the first tile alone: on AVX2 a 128-float V chunk takes 8 column

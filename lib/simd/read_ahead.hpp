@@ -1,7 +1,7 @@
 // Software read-ahead for the decode kernels (decode_impl.hpp): the stream of
 // rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
-// distance ahead in it (all but fp8 rows also into L2, further on). Templates on Arch, so that no copy compiled
-// with one ISA's flags serves another's path.
+// distance ahead in it (fp32, 16-bit and, in short blocks, int8 rows also into L2, further on). Templates on
+// Arch, so that no copy compiled with one ISA's flags serves another's path.
 #pragma once
 #include <cstddef>
 #include <type_traits>
@@ -83,6 +83,9 @@ struct RowStream {
     }
 };
 
+// int8 rows are also read ahead into L2 only in blocks of fewer rows than this (row_stream).
+inline constexpr std::size_t kInt8L2MaxRunRows = 128;
+
 // The stream of x's rows (row_bytes bytes each) then ahead's (ignored unless its rows are as long), read ahead
 // by about ahead_bytes, at least 4 rows and at most the larger of max_rows (the smallest run a caller has: a
 // paged cache's smallest block) and ahead.rows when ahead is one run: a distance past the rows ahead would
@@ -104,11 +107,17 @@ inline __attribute__((always_inline)) RowStream<Arch> row_stream(const BlockedRo
         // core, attention core of 16 decodes of 2048 keys, 5 alternating rounds: blocks of 16 / 64 / 256 keys
         // 12.09 / 10.08 / 8.69 -> 9.19 / 8.55 / 7.92 ms, ragged lengths 9.89 -> 8.72 ms (twice and four times as far
         // measured no better). bf16 measured worse there (twice as far, 16 ragged decodes: 4.75-4.88 -> 5.21-5.38
-        // ms), and better on one Zen 4 core (stop 53, 16 ragged decodes in blocks of 64: bf16 12.1-12.6 -> 9.7-9.9 ms,
-        // int8 7.8-8.4 -> 6.6-6.8 ms; one sequence in blocks of 256 unchanged), where the prefetches to L1 alone
-        // stalled the int8 scores kernel. fp8 rows, widened by the longest instruction sequences, are compute-bound
-        // and lose (e4m3, same shapes: 10.5-10.7 -> 11.3-11.5 ms).
-        if constexpr (!std::is_same_v<E, fp8_e4m3> && !std::is_same_v<E, fp8_e5m2>) r.l2_more = r.distance;
+        // ms), and better on one Zen 4 core (stop 53, 16 ragged decodes in blocks of 64: bf16 12.1-12.6 -> 9.7-9.9
+        // ms; one sequence of 32768 keys in blocks of 256: 10.7 -> 9.9 ms). int8 rows on that core gain only in
+        // runs shorter than kInt8L2MaxRunRows, where the L1 prefetches alone stalled the scores kernel (one
+        // sequence of 32768 keys, three rounds, L2 off -> on: blocks of 16 8.3-8.8 -> 6.7-6.8 ms, 64 7.9-8.3 ->
+        // 6.5-6.7, 128 6.3-6.6 -> 6.4-6.5, 256 6.0-6.3 -> 6.5). fp8 rows, widened by the longest instruction
+        // sequences, are compute-bound and lose (e4m3, 16 ragged decodes in blocks of 64: 10.5-10.7 -> 11.3-11.5 ms).
+        if constexpr (std::is_same_v<E, qint8>) {
+            if (x.blocks.table != nullptr && (std::size_t{1} << x.blocks.shift) < kInt8L2MaxRunRows) r.l2_more = r.distance;
+        } else if constexpr (!std::is_same_v<E, fp8_e4m3> && !std::is_same_v<E, fp8_e5m2>) {
+            r.l2_more = r.distance;
+        }
     }
     return r;
 }
