@@ -418,8 +418,12 @@ TEST(Bf16Simd, NeedWeights) {
 // last rows of causal (bottom-right) attention of the new tokens over all tokens so far, so the model
 // evaluates it as cross-attention (queries at positions n + i, keys at j). SIMD and reference each keep
 // their own cache; both against the oracle, SIMD against the reference.
+// d = 10: not a multiple of the vector width; d = 64: the decode steps on vdpbf16ps where the CPU has AVX512_BF16
+// (simd::bf16_decode_on_dot_products).
 TEST(Bf16Simd, KvCacheDecodeSteps) {
-    const std::size_t E = 80, H = 8, Hkv = 2, d = 10, B = 3;  // d = 10: not a multiple of the vector width
+    for (const std::size_t d : {std::size_t(10), std::size_t(64)}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    const std::size_t H = 8, Hkv = 2, E = H * d, B = 3;
     // A first token alone (one visible key: where the tight bound tells bf16 from fp32), a prompt, two steps, a chunk.
     const std::size_t steps[] = {1, 18, 1, 1, 3};
     std::size_t total = 0;
@@ -465,6 +469,7 @@ TEST(Bf16Simd, KvCacheDecodeSteps) {
             n += lq;
         }
     }, /*with_bf16=*/true);
+    }
 }
 
 // The grouped path's per-call regions for K_hᵀ and V_h hold every (batch, KV head)'s bf16 panels where the

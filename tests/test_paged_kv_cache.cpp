@@ -290,10 +290,10 @@ TEST(PagedKVCache, LongSequencesAcrossSplitsAndBlocks) {
     }
 }
 
-// The layer of an E 64, H 8, Hkv 2, d 16 DecoderLayer with bf16 compute.
-mha::MultiheadAttention bf16_layer(const DecoderLayer& layer) {
+// The layer of an H 8, Hkv 2 DecoderLayer (E 64, d 16 unless given) with bf16 compute.
+mha::MultiheadAttention bf16_layer(const DecoderLayer& layer, std::size_t E = 64, std::size_t d = 16) {
     mha::AttentionConfig c;
-    c.embed_dim = 64, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 16, c.rope = layer.rope, c.compute = mha::DataType::bf16;
+    c.embed_dim = E, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = d, c.rope = layer.rope, c.compute = mha::DataType::bf16;
     mha::AttentionWeights w;
     w.q_proj_weight = layer.wq.data(), w.k_proj_weight = layer.wk.data(), w.v_proj_weight = layer.wv.data();
     w.out_proj_weight = layer.wo.data();
@@ -301,16 +301,21 @@ mha::MultiheadAttention bf16_layer(const DecoderLayer& layer) {
     return mha::MultiheadAttention(w, c);
 }
 
+// d 16, and d 64: its decode steps on vdpbf16ps where the CPU has AVX512_BF16 (simd::bf16_decode_on_dot_products).
 TEST(PagedKVCache, Bf16ComputeStepsEqualTheContiguousCache) {
-    DecoderLayer layer(64, 8, 2, 16, mha::RopeConfig{}, true, false, 903);
-    const mha::MultiheadAttention m = bf16_layer(layer);
-    const std::vector<std::vector<float>> x = token_rows(64, 91);
-    mha_test::for_each_cpu_isa([&] {
-        const StepOutputs alone = run_alone(m, layer, x, mha::DataType::bf16);
-        mha::PagedKVCache cache(32, 32, 2, 16, mha::DataType::bf16);
-        std::vector<std::size_t> ids;
-        expect_same(run_paged(m, layer, x, cache, ids, 2), alone, "bf16 compute");
-    }, true);
+    for (const std::size_t d : {std::size_t(16), std::size_t(64)}) {
+        SCOPED_TRACE(::testing::Message() << "d " << d);
+        const std::size_t E = 8 * d;
+        DecoderLayer layer(E, 8, 2, d, mha::RopeConfig{}, true, false, 903);
+        const mha::MultiheadAttention m = bf16_layer(layer, E, d);
+        const std::vector<std::vector<float>> x = token_rows(E, 91);
+        mha_test::for_each_cpu_isa([&] {
+            const StepOutputs alone = run_alone(m, layer, x, mha::DataType::bf16);
+            mha::PagedKVCache cache(32, 32, 2, d, mha::DataType::bf16);
+            std::vector<std::size_t> ids;
+            expect_same(run_paged(m, layer, x, cache, ids, 2), alone, "bf16 compute");
+        }, true);
+    }
 }
 
 // f32 steps against the float64 evaluation of each sequence from its own history (the bound of

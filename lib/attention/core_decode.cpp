@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -100,8 +101,18 @@ private:
         const std::size_t m = c_.G * c_.Lq, Lq = c_.Lq, j_end = j0 + n;
         // All the split's scores first, then all its values: one stream at a time (switching between the K
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
-        simd::decode_scores(c_.p.scale, q, c_.keys.blocked_rows<E>(b, kvh, j0, j_end), st,
-                            c_.values.rows_ahead(b, kvh, j0, j_end), c_.keys.scale);
+        // bf16 compute over a bf16 cache (or an f32 one, which holds the rounded rows): the products on vdpbf16ps
+        // where the CPU has it (simd.hpp).
+        constexpr bool kBf16 = std::is_same_v<E, bfloat16> || std::is_same_v<E, float>;
+        const bool dot16 = kBf16 && rounds_to_bf16(c_.operands);
+        if constexpr (kBf16) {
+            if (dot16)
+                simd::decode_scores_bf16(c_.p.scale, q, c_.keys.blocked_rows<E>(b, kvh, j0, j_end), st,
+                                         c_.values.rows_ahead(b, kvh, j0, j_end));
+        }
+        if (!dot16)
+            simd::decode_scores(c_.p.scale, q, c_.keys.blocked_rows<E>(b, kvh, j0, j_end), st,
+                                c_.values.rows_ahead(b, kvh, j0, j_end), c_.keys.scale);
         for (std::size_t row = 0; row < m; ++row)
             row_sum[row] = c_.softmax_tile(b, kvh * c_.G + row / Lq, row % Lq, j0, st.row(row), n, row_max[row]);
         // A key of this split is masked for some row (the causal edge of the first query, a window's edge, or a
@@ -118,6 +129,9 @@ private:
             for (std::size_t t = 0; t < c_.G; ++t)
                 c_.accumulate_unmasked(b, kvh * c_.G + t, 0, j0, ConstMatrix(st.row_block(t * Lq, Lq)), o.row_block(t * Lq, Lq));
             return;
+        }
+        if constexpr (kBf16) {
+            if (dot16) return simd::decode_accumulate_bf16(ConstMatrix(st), c_.values.blocked_rows<E>(b, kvh, j0, j_end), o, next);
         }
         simd::decode_accumulate(ConstMatrix(st), c_.values.blocked_rows<E>(b, kvh, j0, j_end), o, next,
                                 c_.values.scale);

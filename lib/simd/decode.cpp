@@ -21,6 +21,22 @@ bool int8_values_on_dot_products(std::size_t d) noexcept {
     return int8_scores_on_dot_products(1, 64) && d != 0 && d % 32 == 0 && d <= kPvMaxCols;
 }
 
+bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
+    return active_isa() == Isa::avx512_bf16 && MHA_SIMD_X86 && M != 0 && M <= kBf16DotMaxRows && d != 0 && d % 32 == 0 &&
+           d <= kBf16DotMaxCols && M * d <= kDotMaxQueryValues;
+}
+
+#define MHA_DECODE_BF16_DEFINE_(E)                                                                                  \
+    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead) noexcept { \
+        dispatch(active_isa(), decode_scores_bf16_kernel{}, scale, q, k, s, ahead);                                    \
+    }                                                                                                                  \
+    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead) noexcept {          \
+        dispatch(active_isa(), decode_accumulate_bf16_kernel{}, p, v, o, ahead);                                       \
+    }
+MHA_DECODE_BF16_DEFINE_(bfloat16)
+MHA_DECODE_BF16_DEFINE_(float)
+#undef MHA_DECODE_BF16_DEFINE_
+
 #define MHA_DECODE_DEFINE_(name, E)                                                            \
     void decode_scores(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead, float kv_scale) noexcept { \
         dispatch(active_isa(), decode_scores_kernel{}, scale, q, k, s, ahead, kv_scale);       \

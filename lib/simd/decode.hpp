@@ -36,6 +36,16 @@ inline constexpr std::size_t kPvMaxCols = 512;
 // its block's outputs NaN. d a multiple of 32, at most kPvMaxCols (else the widened kernel).
 bool int8_values_on_dot_products(std::size_t d) noexcept;
 
+// Query rows (M) and columns (d) at most for the bf16 decode on vdpbf16ps (decode_bf16_dot_impl.hpp).
+inline constexpr std::size_t kBf16DotMaxRows = 128;
+inline constexpr std::size_t kBf16DotMaxCols = 512;
+
+// bf16 compute over a bf16 cache (decode_scores_bf16 / decode_accumulate_bf16 in simd.hpp): where this holds, the
+// scores and P·V run on vdpbf16ps (the avx512_bf16 level; lib/simd/decode_bf16_dot_impl.hpp): q and p rounded to
+// bf16, each product exact, a lane's two products added at once. d a multiple of 32, at most kBf16DotMaxCols;
+// M <= kBf16DotMaxRows and M·d <= kDotMaxQueryValues.
+bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept;
+
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].
 struct decode_scores_kernel {
     template <class Arch, class E>
@@ -49,6 +59,17 @@ struct decode_accumulate_kernel {
     void operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead, float kv_scale) const noexcept;
 };
 
+// The same on vdpbf16ps where bf16_decode_on_dot_products(M, d) holds, else the widened kernels above.
+// E: bfloat16 or float (rows holding bf16 values, what bf16 compute stores in an f32 cache).
+struct decode_scores_bf16_kernel {
+    template <class Arch, class E>
+    void operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead) const noexcept;
+};
+struct decode_accumulate_bf16_kernel {
+    template <class Arch, class E>
+    void operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead) const noexcept;
+};
+
 // The instantiations of one Arch for every element type (PREFIX: extern, or empty in the Arch's generated TU).
 #define MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)                                                                  \
     PREFIX template void decode_scores_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, BlockedRows<E>,        \
@@ -57,7 +78,14 @@ struct decode_accumulate_kernel {
                                                                        const RowsAhead&, float) const noexcept;
 // Every element type of MHA_KV_ELEMENT_TYPES (lib/core/element_format.hpp).
 #define MHA_DECODE_INSTANTIATE_ELEMENT_(PREFIX, ARCH, name, E) MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)
-#define MHA_DECODE_INSTANTIATE(PREFIX, ARCH) MHA_KV_ELEMENT_TYPES_WITH(MHA_DECODE_INSTANTIATE_ELEMENT_, PREFIX, ARCH)
+#define MHA_DECODE_INSTANTIATE(PREFIX, ARCH)                                                                          \
+    MHA_KV_ELEMENT_TYPES_WITH(MHA_DECODE_INSTANTIATE_ELEMENT_, PREFIX, ARCH)                                          \
+    MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, bfloat16) MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, float)
+#define MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, E)                                                                  \
+    PREFIX template void decode_scores_bf16_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, BlockedRows<E>,    \
+                                                                        Matrix, const RowsAhead&) const noexcept;    \
+    PREFIX template void decode_accumulate_bf16_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, BlockedRows<E>, Matrix, \
+                                                                            const RowsAhead&) const noexcept;
 
 #define MHA_DECODE_EXTERN_(isa, arch, suffix) MHA_DECODE_INSTANTIATE(extern, arch)
 MHA_SIMD_ARCHS(MHA_DECODE_EXTERN_)

@@ -1035,6 +1035,7 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 
 #include "decode_int8_dot_impl.hpp"  // decode_detail::scores_int8_dot
 #include "decode_int8_pv_impl.hpp"   // decode_detail::accumulate_int8_dot
+#include "decode_bf16_dot_impl.hpp"  // decode_detail::scores_bf16_dot, accumulate_bf16_dot
 
 namespace mha::simd {
 
@@ -1149,6 +1150,34 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
             }
         }
     }
+}
+
+template <class Arch, class E>
+void decode_scores_bf16_kernel::operator()(Arch arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s,
+                                           const RowsAhead& ahead) const noexcept {
+    if constexpr (std::is_same_v<Arch, arch_avx512>) {
+        using namespace decode_detail;
+        if (k.rows != 0 && bf16_decode_on_dot_products(q.rows, q.cols)) {
+            const RowStream<Arch> stream = row_stream<Arch>(k, row_storage_bytes<E>(q.cols), ahead, kAheadBytes, kAheadMaxRows);
+            read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
+            return scores_bf16_dot<Arch, E>(scale, q, k, s, stream);
+        }
+    }
+    decode_scores_kernel{}(arch, scale, q, k, s, ahead, 1.0f);
+}
+
+template <class Arch, class E>
+void decode_accumulate_bf16_kernel::operator()(Arch arch, ConstMatrix p, BlockedRows<E> v, Matrix o,
+                                               const RowsAhead& ahead) const noexcept {
+    if constexpr (std::is_same_v<Arch, arch_avx512>) {
+        using namespace decode_detail;
+        if (v.rows != 0 && bf16_decode_on_dot_products(o.rows, o.cols)) {
+            const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(o.cols), ahead, kAheadBytes, kAheadMaxRows);
+            read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
+            return accumulate_bf16_dot<Arch, E>(p, v, o, stream);
+        }
+    }
+    decode_accumulate_kernel{}(arch, p, v, o, ahead, 1.0f);
 }
 
 }  // namespace mha::simd

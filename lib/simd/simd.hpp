@@ -202,4 +202,16 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
 #undef MHA_DECODE_DECLARE_
 
+// bf16 compute over a bf16 cache, or an f32 cache holding bf16 values: the same two products with q, p and the rows
+// rounded to bf16 (nearest even; exact where they hold bf16 values already), on vdpbf16ps where
+// bf16_decode_on_dot_products(M, d) holds (decode.hpp; the summation order and bit-for-bit guarantees:
+// lib/simd/decode_bf16_dot_impl.hpp; a bf16 row and an f32 row of its values give the same bits), else
+// decode_scores / decode_accumulate above on q, p and the rows as given.
+#define MHA_DECODE_BF16_DECLARE_(E)                                                                               \
+    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {}) noexcept; \
+    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead = {}) noexcept;
+MHA_DECODE_BF16_DECLARE_(bfloat16)
+MHA_DECODE_BF16_DECLARE_(float)
+#undef MHA_DECODE_BF16_DECLARE_
+
 }  // namespace mha::simd

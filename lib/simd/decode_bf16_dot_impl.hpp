@@ -1,0 +1,259 @@
+// The decode kernels of bf16 compute on vdpbf16ps (AVX512_BF16): included by decode_impl.hpp; defined in the
+// AVX-512 TU only, and run where simd::bf16_decode_on_dot_products(M, d) holds (decode.hpp).
+// q and p are float rows, rounded to bf16 here (nearest even; bf16 compute hands them over rounded already, so
+// this is exact there); the K / V rows, bf16 or fp32 (rounded to bf16 as they are loaded: exact for the rows bf16
+// compute stores), are read in place. Each product of two bf16 values is exact in fp32, and
+// vdpbf16ps adds a lane's two products to its accumulator (inputs and results below 2^-126 read as zero).
+//   scores: s[m, j] = scale·Σ_c q[m, c]·k[j, c]. A register tile of up to 4 query rows × 4 keys (16 accumulators)
+//     runs along d, 32 columns per vdpbf16ps: lane l of an accumulator takes the pairs (c, c + 1), c ≡ 2l (mod 32),
+//     in order of c. Then the 16 lanes are added by the widened kernels' tree: per 128-bit block (l0 + l2) +
+//     (l1 + l3), then across blocks (b0 + b2) + (b1 + b3); times scale.
+//   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], the rows in pairs at even absolute positions (v.origin + j; a row
+//     whose partner lies outside [0, n) is paired with zeros), each pair's two products added to o in order of
+//     position. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows); o is permuted into
+//     that order as a tile loads it and back as it stores.
+// Every result is bitwise the same for any M, any placement of the rows (blocks of a paged cache), any thread count,
+// and (accumulate) any split of the rows into calls at even absolute positions.
+// Preconditions: d a multiple of 32, d <= kBf16DotMaxCols, M <= kBf16DotMaxRows, M·d <= kDotMaxQueryValues.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace mha::simd::decode_detail {
+
+// The bf16 decode kernels on vdpbf16ps: declared in every ISA TU, defined (and called) in the AVX-512 TU only.
+template <class Arch, class E>
+void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream) noexcept;
+template <class Arch, class E>
+void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream) noexcept;
+
+#if defined(__AVX512F__)
+#define MHA_BF16_DOT_TARGET __attribute__((target("avx512bf16")))
+
+// x[0, n) rounded to bf16 into y[0, n) (n <= 32·k for any k; lanes past n not written).
+template <class Arch>
+MHA_BF16_DOT_TARGET inline void narrow_to_bf16(const float* x, std::size_t n, std::uint16_t* y) noexcept {
+    for (std::size_t c = 0; c < n; c += 32) {
+        const std::size_t r = n - c < 32 ? n - c : 32;
+        const __mmask16 lo = r >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << r) - 1u);
+        const __mmask16 hi = r >= 32 ? __mmask16(0xffff) : r > 16 ? static_cast<__mmask16>((1u << (r - 16)) - 1u) : __mmask16(0);
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + c + 16), _mm512_maskz_loadu_ps(lo, x + c));
+        const __mmask32 keep = r >= 32 ? ~__mmask32(0) : (__mmask32(1) << r) - 1u;
+        _mm512_mask_storeu_epi16(y + c, keep, (__m512i)h);
+    }
+}
+
+template <class Arch>
+MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) noexcept {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+// 32 elements of a K / V row of E at column c as bf16: bf16 rows loaded, fp32 rows rounded (vcvtne2ps2bf16; exact
+// for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same bits).
+template <class Arch, class E>
+MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512i row32(const unsigned char* row, std::size_t c) noexcept {
+    if constexpr (std::is_same_v<E, bfloat16>) {
+        return _mm512_loadu_si512(row + 2 * c);
+    } else {
+        const float* f = reinterpret_cast<const float*>(row) + c;
+        return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
+    }
+}
+
+// Lane 4b + i of the result: (v_i[4b] + v_i[4b + 2]) + (v_i[4b + 1] + v_i[4b + 3]).
+template <class Arch>
+inline __attribute__((always_inline)) __m512 block_sums(__m512 v0, __m512 v1, __m512 v2, __m512 v3) noexcept {
+    const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+    return _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xEE));
+}
+
+// s[m, j] for m < QR, j < kr (<= 4) of query rows q (bf16, d apart) against keys rows[0..3] (past kr: repeats).
+template <class Arch, class E, std::size_t QR>
+MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(const std::uint16_t* q, std::size_t d,
+                                                                             const unsigned char* const* rows, std::size_t kr,
+                                                                             float scale, float* s, std::size_t lds) noexcept {
+    __m512 acc[QR][4];
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < QR; ++m)
+#pragma GCC unroll 4
+        for (std::size_t j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (std::size_t c = 0; c < d; c += 32) {
+        __m512i k[4];
+#pragma GCC unroll 4
+        for (std::size_t j = 0; j < 4; ++j) k[j] = row32<Arch, E>(rows[j], c);
+#pragma GCC unroll 4
+        for (std::size_t m = 0; m < QR; ++m) {
+            const __m512i qv = _mm512_loadu_si512(q + m * d + c);
+#pragma GCC unroll 4
+            for (std::size_t j = 0; j < 4; ++j) acc[m][j] = dot_pairs<Arch>(acc[m][j], qv, k[j]);
+        }
+    }
+    __m512 u[4];
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                                                          _mm512_shuffle_f32x4(w01, w23, 0xDD)));
+    alignas(64) float t[16];  // lane 4m + j: s[m, j]
+    _mm512_store_ps(t, sums);
+    const __mmask16 keep = static_cast<__mmask16>((1u << kr) - 1u);
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < QR; ++m) _mm512_mask_storeu_ps(s + m * lds, keep, _mm512_maskz_loadu_ps(keep, t + 4 * m));
+}
+
+// Q rounded to bf16, then the keys 16 at a time (rows through the block table, read ahead through `stream`), in
+// tiles of 4 keys × up to 4 query rows.
+template <class Arch, class E>
+MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float scale, ConstMatrix q, const BlockedRows<E>& k,
+                                                                         Matrix s, const RowStream<Arch>& stream) noexcept {
+    const std::size_t M = q.rows, d = q.cols, n = k.rows;
+    alignas(64) std::uint16_t qb[kDotMaxQueryValues];
+    for (std::size_t m = 0; m < M; ++m) narrow_to_bf16<Arch>(q.data + m * q.stride, d, qb + m * d);
+    const unsigned char* rows[16 + 3];
+    for (std::size_t j = 0, kr = 0; j < n; j += kr) {
+        kr = min_size(16, n - j);
+        rows_by_run<Arch>(k, j, kr, rows, [](std::size_t, std::size_t, const E*) {});
+        for (std::size_t l = kr; l < 16 + 3; ++l) rows[l] = rows[kr - 1];  // read, never stored
+        read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
+        for (std::size_t t = 0; t < kr; t += 4) {
+            const std::size_t tk = min_size(4, kr - t);
+            for (std::size_t m = 0; m < M; m += 4) {
+                float* st = s.data + m * s.stride + j + t;
+                switch (min_size(4, M - m)) {
+                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                }
+            }
+        }
+    }
+}
+
+template <class Arch, class E>
+void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream) noexcept {
+    scores_bf16_dot_impl<Arch, E>(scale, q, k, s, stream);
+}
+
+// Keys per accumulate chunk: chunks end at the multiples of kBf16Chunk of the absolute position (its P narrowed
+// once, its rows stay in L1 for the query and column tiles).
+inline constexpr std::size_t kBf16Chunk = 64;
+// Entries of a chunk's P row: the chunk's keys, a leading zero where its first key has an odd position, a trailing
+// zero where the count is odd.
+inline constexpr std::size_t kBf16ChunkSlots = kBf16Chunk + 2;
+
+// o[m, c0 + c] for m < MR, c < 32·NB += the chunk's pairs: rows[0, e) (e even; zero rows where the chunk has none),
+// pb[m·kBf16ChunkSlots + i]: P of entry i as bf16. Reads ahead rows [ahead_first, ahead_first + ahead_rows) of the
+// stream, spread over the entries.
+template <class Arch, class E, std::size_t MR, std::size_t NB>
+MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(const unsigned char* const* rows, std::size_t e,
+                                                                            const std::uint16_t* pb, std::size_t c0, float* o,
+                                                                            std::size_t ldo, const RowStream<Arch>* stream,
+                                                                            std::size_t ahead_first, std::size_t ahead_rows) noexcept {
+    // Lane 4k + i of `lo` holds column 8k + i of the 32, of `hi` column 8k + 4 + i (k: the 128-bit block).
+    const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    __m512 lo[MR][NB], hi[MR][NB];
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (std::size_t b = 0; b < NB; ++b) {
+            const float* oi = o + i * ldo + c0 + 32 * b;
+            const __m512 n0 = _mm512_loadu_ps(oi), n1 = _mm512_loadu_ps(oi + 16);
+            lo[i][b] = _mm512_permutex2var_ps(n0, to_lo, n1);
+            hi[i][b] = _mm512_permutex2var_ps(n0, to_hi, n1);
+        }
+    for (std::size_t k0 = 0; k0 < e; k0 += 16) {
+        const std::size_t k1 = min_size(k0 + 16, e);
+        if (stream != nullptr) read_ahead<Arch>(*stream, ahead_first + k0 * ahead_rows / e, ahead_first + k1 * ahead_rows / e);
+        for (std::size_t k = k0; k < k1; k += 2) {
+            __m512i vl[NB], vh[NB];
+#pragma GCC unroll 2
+            for (std::size_t b = 0; b < NB; ++b) {
+                const __m512i a = row32<Arch, E>(rows[k], c0 + 32 * b), z = row32<Arch, E>(rows[k + 1], c0 + 32 * b);
+                vl[b] = _mm512_unpacklo_epi16(a, z);
+                vh[b] = _mm512_unpackhi_epi16(a, z);
+            }
+#pragma GCC unroll 4
+            for (std::size_t i = 0; i < MR; ++i) {
+                std::int32_t two;  // P of the pair's two rows (the first in the low half)
+                std::memcpy(&two, pb + i * kBf16ChunkSlots + k, 4);
+                const __m512i pair = _mm512_set1_epi32(two);
+#pragma GCC unroll 2
+                for (std::size_t b = 0; b < NB; ++b) {
+                    lo[i][b] = dot_pairs<Arch>(lo[i][b], pair, vl[b]);
+                    hi[i][b] = dot_pairs<Arch>(hi[i][b], pair, vh[b]);
+                }
+            }
+        }
+    }
+    const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (std::size_t b = 0; b < NB; ++b) {
+            float* oi = o + i * ldo + c0 + 32 * b;
+            _mm512_storeu_ps(oi, _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]));
+            _mm512_storeu_ps(oi + 16, _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]));
+        }
+}
+
+template <class Arch, class E>
+MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(ConstMatrix p, const BlockedRows<E>& v, Matrix o,
+                                                                             const RowStream<Arch>& stream) noexcept {
+    const std::size_t M = o.rows, n = v.rows, d = o.cols;
+    alignas(64) static const E zeros[kBf16DotMaxCols] = {};
+    alignas(64) std::uint16_t pb[kBf16DotMaxRows * kBf16ChunkSlots];
+    const unsigned char* rows[kBf16ChunkSlots];
+    const unsigned char* const zero_row = reinterpret_cast<const unsigned char*>(zeros);
+    for (std::size_t j0 = 0, g = 0; j0 < n; j0 += g) {
+        g = min_size(n - j0, kBf16Chunk - (v.origin + j0) % kBf16Chunk);
+        const std::size_t lead = (v.origin + j0) % 2, e = (lead + g + 1) / 2 * 2;
+        rows[0] = zero_row;
+        rows_by_run<Arch>(v, j0, g, rows + lead, [](std::size_t, std::size_t, const E*) {});
+        if (lead + g < e) rows[lead + g] = zero_row;
+        for (std::size_t m = 0; m < M; ++m) {
+            std::uint16_t* pm = pb + m * kBf16ChunkSlots;
+            pm[0] = 0;
+            pm[e - 1] = 0;
+            narrow_to_bf16<Arch>(p.data + m * p.stride + j0, g, pm + lead);
+        }
+        for (std::size_t m0 = 0; m0 < M; m0 += 4) {
+            const std::size_t mr = min_size(4, M - m0);
+            float* om = o.data + m0 * o.stride;
+            const std::size_t tiles = (d + 63) / 64, share = (g + tiles - 1) / tiles;
+            for (std::size_t c = 0; c < d; c += 64) {
+                const bool two = c + 64 <= d;
+                // The first query tile reads the chunk's rows ahead, a share per column tile.
+                const std::size_t lo = min_size(g, c / 64 * share), hi = min_size(g, lo + share);
+                const RowStream<Arch>* rs = m0 == 0 ? &stream : nullptr;
+                const std::size_t af = j0 + stream.distance + lo;
+                const std::uint16_t* pt = pb + m0 * kBf16ChunkSlots;
+#define MHA_BF16_PV_TILE(MR)                                                                     \
+    (two ? bf16_pv_tile<Arch, E, MR, 2>(rows, e, pt, c, om, o.stride, rs, af, hi - lo)          \
+         : bf16_pv_tile<Arch, E, MR, 1>(rows, e, pt, c, om, o.stride, rs, af, hi - lo))
+                switch (mr) {
+                    case 1: MHA_BF16_PV_TILE(1); break;
+                    case 2: MHA_BF16_PV_TILE(2); break;
+                    case 3: MHA_BF16_PV_TILE(3); break;
+                    default: MHA_BF16_PV_TILE(4); break;
+                }
+#undef MHA_BF16_PV_TILE
+            }
+        }
+    }
+}
+
+template <class Arch, class E>
+void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream) noexcept {
+    accumulate_bf16_dot_impl<Arch, E>(p, v, o, stream);
+}
+#undef MHA_BF16_DOT_TARGET
+#endif
+
+}  // namespace mha::simd::decode_detail
