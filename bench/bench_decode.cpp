@@ -3,6 +3,8 @@
 //   scores/M/d      per tile of n = 256 cache rows: decode_scores(q [M, d], K tile, s [M, 256])
 //   accumulate/M/d  per tile: decode_accumulate(p [M, 256], V tile, o [M, d])
 //   decode/M/d      per tile: both, K tile then V tile (a decode step without the softmax in between)
+//   scores_bf16, accumulate_bf16, decode_bf16 (bf16 rows only): the same with decode_scores_bf16 /
+//                   decode_accumulate_bf16, bf16 compute's kernels (vdpbf16ps where the CPU has AVX512_BF16)
 // One iteration walks every tile of the cache once (rows contiguous, row stride d). M in {1, 4, 8, 16,
 // 32, 64, 128}, d in {64, 128}, and the cache's element type: type 0 f32, 1 bf16, 2 f16, 3 int8, 4 fp8_e4m3,
 // 5 fp8_e5m2 (mha::DataType's values: a KV cache of that type, K and V widened in registers; the same rows,
@@ -108,7 +110,7 @@ Cache& cache_for(std::size_t d, mha::DataType type) {
     return c;
 }
 
-void run(benchmark::State& state, Op op) {
+void run(benchmark::State& state, Op op, bool bf16_products = false) {
     const auto M = static_cast<std::size_t>(state.range(0)), d = static_cast<std::size_t>(state.range(1));
     const auto type = static_cast<mha::DataType>(state.range(2));
     Cache& c = cache_for(d, type);
@@ -129,11 +131,25 @@ void run(benchmark::State& state, Op op) {
         // Tiles in groups of g_group: the scores of the group's K tiles, then its V tiles.
         for (std::size_t t0 = 0; t0 < tiles; t0 += g_group) {
             if (op != Op::accumulate)
-                for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_scores(scale, qv, mha::MatrixView<const E>(k + t * kTile * ld, kTile, d, ld), p_of(t));
+                for (std::size_t t = t0; t < t0 + g_group; ++t) {
+                    const mha::MatrixView<const E> kt(k + t * kTile * ld, kTile, d, ld);
+                    if constexpr (std::is_same_v<E, mha::bfloat16>)
+                        if (bf16_products) {
+                            mha::simd::decode_scores_bf16(scale, qv, kt, p_of(t));
+                            continue;
+                        }
+                    mha::simd::decode_scores(scale, qv, kt, p_of(t));
+                }
             if (op != Op::scores)
-                for (std::size_t t = t0; t < t0 + g_group; ++t)
-                    mha::simd::decode_accumulate(p_of(t), mha::MatrixView<const E>(v + t * kTile * ld, kTile, d, ld), ov);
+                for (std::size_t t = t0; t < t0 + g_group; ++t) {
+                    const mha::MatrixView<const E> vt(v + t * kTile * ld, kTile, d, ld);
+                    if constexpr (std::is_same_v<E, mha::bfloat16>)
+                        if (bf16_products) {
+                            mha::simd::decode_accumulate_bf16(p_of(t), vt, ov);
+                            continue;
+                        }
+                    mha::simd::decode_accumulate(p_of(t), vt, ov);
+                }
         }
     };
     for (auto _ : state) {
@@ -170,6 +186,17 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(run, scores, Op::scores)->Apply(shapes);
 BENCHMARK_CAPTURE(run, accumulate, Op::accumulate)->Apply(shapes);
 BENCHMARK_CAPTURE(run, decode, Op::decode)->Apply(shapes);
+
+void bf16_shapes(benchmark::internal::Benchmark* b) {
+    for (std::int64_t d : {64, 128})
+        for (std::int64_t M : {1, 4, 8, 16, 32}) b->Args({M, d, static_cast<std::int64_t>(mha::DataType::bf16)});
+    b->ArgNames({"M", "d", "type"});
+    b->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_CAPTURE(run, scores_bf16, Op::scores, true)->Apply(bf16_shapes);
+BENCHMARK_CAPTURE(run, accumulate_bf16, Op::accumulate, true)->Apply(bf16_shapes);
+BENCHMARK_CAPTURE(run, decode_bf16, Op::decode, true)->Apply(bf16_shapes);
 
 // Reads our flags and removes them from argv; everything else goes to benchmark::Initialize.
 bool parse_options(int& argc, char** argv) {

@@ -98,11 +98,13 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
     const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
     const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
                                                                           _mm512_shuffle_f32x4(w01, w23, 0xDD)));
-    alignas(64) float t[16];  // lane 4m + j: s[m, j]
-    _mm512_store_ps(t, sums);
-    const __mmask16 keep = static_cast<__mmask16>((1u << kr) - 1u);
-#pragma GCC unroll 4
-    for (std::size_t m = 0; m < QR; ++m) _mm512_mask_storeu_ps(s + m * lds, keep, _mm512_maskz_loadu_ps(keep, t + 4 * m));
+    // Lane 4m + j: s[m, j]. Each row's 128-bit lane stored from the register (through a stack copy, the narrower
+    // reloads at other offsets missed store forwarding: a third of the tile's time).
+    const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
+    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(sums));
+    if constexpr (QR > 1) _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(sums, 1));
+    if constexpr (QR > 2) _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(sums, 2));
+    if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
 }
 
 // Q rounded to bf16, then the keys 16 at a time (rows through the block table, read ahead through `stream`), in
