@@ -8,6 +8,8 @@
 // so the fp32 arithmetic below and its summation order are the same for every element type. Except int8 V:
 // accumulate reads its integers unscaled and folds each row's block scales into P (o += Σ_j fl(p_j·s_j,b)·q_j,c,
 // the same order), and int8 K on AVX512_VNNI: scores on integer dot products (decode_int8_dot_impl.hpp).
+// bf16 compute's kernels (decode_scores_bf16_kernel, decode_accumulate_bf16_kernel) run on vdpbf16ps on the AVX-512
+// level with AVX512_BF16 (decode_bf16_dot_impl.hpp) and are the kernels below elsewhere.
 // K and V are read in place (row stride ld >= d); nothing at or past row n of k / v, column d of a row,
 // or column n of p is read, and nothing outside s / o is written. M, n, d >= 0 of any size.
 //
