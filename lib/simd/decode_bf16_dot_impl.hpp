@@ -9,8 +9,8 @@
 //     in order of c. Then the 16 lanes are added by the widened kernels' tree: per 128-bit block (l0 + l2) +
 //     (l1 + l3), then across blocks (b0 + b2) + (b1 + b3); times scale.
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], the rows in pairs at even absolute positions (v.origin + j; a row
-//     whose partner lies outside [0, n) is paired with zeros), each pair's two products added to o in order of
-//     position. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows); o is permuted into
+//     whose partner lies outside [0, n) is paired with zeros): the pairs added to o in order of position, a pair's
+//     two products by one vdpbf16ps. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows); o is permuted into
 //     that order as a tile loads it and back as it stores.
 // Every result is bitwise the same for any M, any placement of the rows (blocks of a paged cache), any thread count,
 // and (accumulate) any split of the rows into calls at even absolute positions.
