@@ -884,7 +884,8 @@ inline void chunk_block_scales(Arch, const qint8* v, std::size_t ld, std::size_t
 #if defined(__AVX512F__)
 // The same, four blocks of 16 rows at a time: each row's four float16 scales in one 8-byte load, eight rows to a
 // zmm, a 16-bit permute of two of them per block, then one vcvtph2ps (exact, as the scalar conversion). A group's
-// rows past n repeat row n − 1 (never read past the chunk); their lanes are stored and not read. Converting one
+// rows past n repeat row n − 1 (never read past the chunk): every block's lanes up to the next multiple of 16 are
+// written (the last blocks, fewer than 4, one row at a time). Converting one
 // scale at a time took about a fifth of the int8 P·V's instructions at d 128.
 inline void chunk_block_scales(arch_avx512 arch, const qint8* v, std::size_t ld, std::size_t n, std::size_t d, std::size_t b0,
                                std::size_t nb, float* out, std::size_t ldo = kFoldKeys) noexcept {
@@ -915,7 +916,11 @@ inline void chunk_block_scales(arch_avx512 arch, const qint8* v, std::size_t ld,
             }
         }
     }
-    if (b < nb) chunk_block_scales<arch_avx512>(arch, v, ld, n, d, b0 + b, nb - b, out + b * ldo, ldo);
+    if (b < nb) {
+        chunk_block_scales<arch_avx512>(arch, v, ld, n, d, b0 + b, nb - b, out + b * ldo, ldo);
+        for (; b < nb; ++b)  // as above: the lanes past n up to a multiple of 16 repeat row n − 1
+            for (std::size_t j = n; j % 16 != 0; ++j) out[b * ldo + j] = out[b * ldo + n - 1];
+    }
 }
 #endif
 

@@ -95,8 +95,8 @@ MHA_INT8_DOT_TARGET inline void transpose_words(__m512i* x) noexcept {
     }
 }
 
-// The keys' block scales: [block][kDotScaleStride] floats, lane l key l (chunk_block_scales writes up to 15 lanes
-// past a run).
+// The keys' block scales: [block][kDotScaleStride] floats, lane l key l (chunk_block_scales writes the lanes past a
+// run up to a multiple of 16).
 inline constexpr std::size_t kDotScaleStride = 32;
 
 // Scores of all M query rows against keys [j, j + kr) (kr <= 16; rows[l] for l < 16, repeating the last key past
@@ -157,10 +157,8 @@ MHA_INT8_DOT_TARGET __attribute__((noinline)) void scores_int8_dot_impl(float sc
         rows_by_run<Arch>(k, j, kr, rows, [&](std::size_t l, std::size_t e, const qint8* first) {
             chunk_block_scales(Arch{}, first, k.stride, e - l, d, 0, nb, ks + l, kDotScaleStride);
         });
-        for (std::size_t l = kr; l < 16; ++l) {  // the lanes past the last key repeat it (stored, never read)
-            rows[l] = rows[kr - 1];
-            for (std::size_t b = 0; b < nb; ++b) ks[b * kDotScaleStride + l] = ks[b * kDotScaleStride + kr - 1];
-        }
+        // The lanes past the last key repeat it (stored, never read; chunk_block_scales repeats its scales there).
+        for (std::size_t l = kr; l < 16; ++l) rows[l] = rows[kr - 1];
         read_ahead<Arch>(stream, j + stream.distance, j + stream.distance + kr);
         int8_dot_keys<Arch>(z, M, d, rows, ks, kr, scale, s.data + j, s.stride, acc);
     }
