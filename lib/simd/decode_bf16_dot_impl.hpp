@@ -225,29 +225,17 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(Cons
             pm[e - 1] = 0;
             narrow_to_bf16<Arch>(p.data + m * p.stride + j0, g, pm + lead);
         }
-        for (std::size_t m0 = 0; m0 < M; m0 += 4) {
-            const std::size_t mr = min_size(4, M - m0);
-            float* om = o.data + m0 * o.stride;
-            const std::size_t tiles = (d + 63) / 64, share = (g + tiles - 1) / tiles;
-            for (std::size_t c = 0; c < d; c += 64) {
-                const bool two = c + 64 <= d;
-                // The first query tile reads the chunk's rows ahead, a share per column tile.
-                const std::size_t lo = min_size(g, c / 64 * share), hi = min_size(g, lo + share);
-                const RowStream<Arch>* rs = m0 == 0 ? &stream : nullptr;
-                const std::size_t af = j0 + stream.distance + lo;
+        pv_tiles<Arch>(
+            M, d, j0, g, stream, [](std::size_t, std::size_t) {},
+            [&](auto MR, std::size_t blocks, std::size_t m0, std::size_t c, const RowStream<Arch>* rs, std::size_t af,
+                std::size_t ahead_rows) {
+                float* om = o.data + m0 * o.stride;
                 const std::uint16_t* pt = pb + m0 * kBf16ChunkSlots;
-#define MHA_BF16_PV_TILE(MR)                                                                     \
-    (two ? bf16_pv_tile<Arch, E, MR, 2>(rows, e, pt, c, om, o.stride, rs, af, hi - lo)          \
-         : bf16_pv_tile<Arch, E, MR, 1>(rows, e, pt, c, om, o.stride, rs, af, hi - lo))
-                switch (mr) {
-                    case 1: MHA_BF16_PV_TILE(1); break;
-                    case 2: MHA_BF16_PV_TILE(2); break;
-                    case 3: MHA_BF16_PV_TILE(3); break;
-                    default: MHA_BF16_PV_TILE(4); break;
-                }
-#undef MHA_BF16_PV_TILE
-            }
-        }
+                if (blocks == 2)
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
+                else
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
+            });
     }
 }
 

@@ -1037,6 +1037,33 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
     return t;
 }
 
+// The register tiles of the dot-product P·V kernels over g rows from row j0 (a group or chunk): query rows in tiles
+// of up to 4 (query_tile(m0, mr) first), then columns in tiles of 64 (32 at the end of d, a multiple of 32):
+// tile(MR, NB, m0, c, stream, ahead_first, ahead_rows) with MR an integral_constant, NB 2 or 1 columns blocks of 32.
+// The first query tile reads the rows ahead ([ahead_first, + ahead_rows) of `stream`), a share per column tile;
+// the others get no stream (null).
+template <class Arch, class QueryTile, class Tile>
+inline __attribute__((always_inline)) void pv_tiles(std::size_t M, std::size_t d, std::size_t j0, std::size_t g,
+                                                    const RowStream<Arch>& stream, QueryTile&& query_tile, Tile&& tile) {
+    const std::size_t tiles = (d + 63) / 64, share = (g + tiles - 1) / tiles;
+    for (std::size_t m0 = 0; m0 < M; m0 += 4) {
+        const std::size_t mr = min_size(4, M - m0);
+        query_tile(m0, mr);
+        for (std::size_t c = 0; c < d; c += 64) {
+            const std::size_t nb = c + 64 <= d ? 2 : 1;
+            const std::size_t lo = min_size(g, c / 64 * share), hi = min_size(g, lo + share);
+            const RowStream<Arch>* rs = m0 == 0 ? &stream : nullptr;
+            const std::size_t af = j0 + stream.distance + lo;
+            switch (mr) {
+                case 1: tile(std::integral_constant<std::size_t, 1>{}, nb, m0, c, rs, af, hi - lo); break;
+                case 2: tile(std::integral_constant<std::size_t, 2>{}, nb, m0, c, rs, af, hi - lo); break;
+                case 3: tile(std::integral_constant<std::size_t, 3>{}, nb, m0, c, rs, af, hi - lo); break;
+                default: tile(std::integral_constant<std::size_t, 4>{}, nb, m0, c, rs, af, hi - lo); break;
+            }
+        }
+    }
+}
+
 }  // namespace decode_detail
 }  // namespace mha::simd
 

@@ -194,29 +194,16 @@ MHA_INT8_PV_TARGET __attribute__((noinline)) void accumulate_int8_dot_impl(Const
             chunk_block_scales(Arch{}, first, v.stride, e - k, d, 0, nb, s + k, kPvScaleStride);
         });
         rows[g] = rows[g - 1];
-        for (std::size_t m0 = 0; m0 < M; m0 += 4) {
-            const std::size_t mr = min_size(4, M - m0);
-            quantize_group_p<Arch>(p, m0, mr, j0, g, nb, s, z);
-            float* om = o.data + m0 * o.stride;
-            const std::size_t tiles = (d + 63) / 64, share = (g + tiles - 1) / tiles;
-            for (std::size_t c = 0; c < d; c += 64) {
-                const bool two = c + 64 <= d;
-                // The first query tile reads the group's rows ahead, a share per column tile.
-                const std::size_t lo = min_size(g, c / 64 * share), hi = min_size(g, lo + share);
-                const RowStream<Arch>* rs = m0 == 0 ? &stream : nullptr;
-                const std::size_t af = j0 + stream.distance + lo;
-#define MHA_PV_TILE(MR)                                                                       \
-    (two ? pv_group_tile<Arch, MR, 2>(rows, g, z, c, om, o.stride, rs, af, hi - lo)          \
-         : pv_group_tile<Arch, MR, 1>(rows, g, z, c, om, o.stride, rs, af, hi - lo))
-                switch (mr) {
-                    case 1: MHA_PV_TILE(1); break;
-                    case 2: MHA_PV_TILE(2); break;
-                    case 3: MHA_PV_TILE(3); break;
-                    default: MHA_PV_TILE(4); break;
-                }
-#undef MHA_PV_TILE
-            }
-        }
+        pv_tiles<Arch>(
+            M, d, j0, g, stream, [&](std::size_t m0, std::size_t mr) { quantize_group_p<Arch>(p, m0, mr, j0, g, nb, s, z); },
+            [&](auto MR, std::size_t blocks, std::size_t m0, std::size_t c, const RowStream<Arch>* rs, std::size_t af,
+                std::size_t ahead_rows) {
+                float* om = o.data + m0 * o.stride;
+                if (blocks == 2)
+                    pv_group_tile<Arch, decltype(MR)::value, 2>(rows, g, z, c, om, o.stride, rs, af, ahead_rows);
+                else
+                    pv_group_tile<Arch, decltype(MR)::value, 1>(rows, g, z, c, om, o.stride, rs, af, ahead_rows);
+            });
     }
 }
 
