@@ -10,8 +10,8 @@
 //     (l1 + l3), then across blocks (b0 + b2) + (b1 + b3); times scale.
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], the rows in pairs at even absolute positions (v.origin + j; a row
 //     whose partner lies outside [0, n) is paired with zeros): the pairs added to o in order of position, a pair's
-//     two products by one vdpbf16ps. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows); o is permuted into
-//     that order as a tile loads it and back as it stores.
+//     two products by one vdpbf16ps. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows);
+//     o is permuted into that order as a tile loads it and back as it stores.
 // Every result is bitwise the same for any M, any placement of the rows (blocks of a paged cache), any thread count,
 // and (accumulate) any split of the rows into calls at even absolute positions.
 // Preconditions: d a multiple of 32, d <= kBf16DotMaxCols, M <= kBf16DotMaxRows, M·d <= kDotMaxQueryValues.
@@ -32,7 +32,7 @@ void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const
 #if defined(__AVX512F__)
 #define MHA_BF16_DOT_TARGET __attribute__((target("avx512bf16")))
 
-// x[0, n) rounded to bf16 into y[0, n) (n <= 32·k for any k; lanes past n not written).
+// x[0, n) rounded to bf16 (nearest even) into y[0, n); nothing past x[n) read or y[n) written.
 template <class Arch>
 MHA_BF16_DOT_TARGET inline void narrow_to_bf16(const float* x, std::size_t n, std::uint16_t* y) noexcept {
     for (std::size_t c = 0; c < n; c += 32) {
