@@ -3,7 +3,7 @@
 //   scores/M/d      per tile of n = 256 cache rows: decode_scores(q [M, d], K tile, s [M, 256])
 //   accumulate/M/d  per tile: decode_accumulate(p [M, 256], V tile, o [M, d])
 //   decode/M/d      per tile: both, K tile then V tile (a decode step without the softmax in between)
-//   scores_bf16, accumulate_bf16, decode_bf16 (bf16 rows only): the same with decode_scores_bf16 /
+//   scores_bf16, accumulate_bf16, decode_bf16 (bf16 and fp8 rows): the same with decode_scores_bf16 /
 //                   decode_accumulate_bf16, bf16 compute's kernels (vdpbf16ps where the CPU has AVX512_BF16)
 // One iteration walks every tile of the cache once (rows contiguous, row stride d). M in {1, 4, 8, 16,
 // 32, 64, 128}, d in {64, 128}, and the cache's element type: type 0 f32, 1 bf16, 2 f16, 3 int8, 4 fp8_e4m3,
@@ -110,6 +110,11 @@ Cache& cache_for(std::size_t d, mha::DataType type) {
     return c;
 }
 
+// The cache types the bf16 kernels on vdpbf16ps read (besides f32).
+template <class E>
+constexpr bool kDotProductsOf = std::is_same_v<E, mha::bfloat16> || std::is_same_v<E, mha::fp8_e4m3> ||
+                                std::is_same_v<E, mha::fp8_e5m2>;
+
 void run(benchmark::State& state, Op op, bool bf16_products = false) {
     const auto M = static_cast<std::size_t>(state.range(0)), d = static_cast<std::size_t>(state.range(1));
     const auto type = static_cast<mha::DataType>(state.range(2));
@@ -133,7 +138,7 @@ void run(benchmark::State& state, Op op, bool bf16_products = false) {
             if (op != Op::accumulate)
                 for (std::size_t t = t0; t < t0 + g_group; ++t) {
                     const mha::MatrixView<const E> kt(k + t * kTile * ld, kTile, d, ld);
-                    if constexpr (std::is_same_v<E, mha::bfloat16>)
+                    if constexpr (kDotProductsOf<E>)
                         if (bf16_products) {
                             mha::simd::decode_scores_bf16(scale, qv, kt, p_of(t));
                             continue;
@@ -143,7 +148,7 @@ void run(benchmark::State& state, Op op, bool bf16_products = false) {
             if (op != Op::scores)
                 for (std::size_t t = t0; t < t0 + g_group; ++t) {
                     const mha::MatrixView<const E> vt(v + t * kTile * ld, kTile, d, ld);
-                    if constexpr (std::is_same_v<E, mha::bfloat16>)
+                    if constexpr (kDotProductsOf<E>)
                         if (bf16_products) {
                             mha::simd::decode_accumulate_bf16(p_of(t), vt, ov);
                             continue;
@@ -188,8 +193,9 @@ BENCHMARK_CAPTURE(run, accumulate, Op::accumulate)->Apply(shapes);
 BENCHMARK_CAPTURE(run, decode, Op::decode)->Apply(shapes);
 
 void bf16_shapes(benchmark::internal::Benchmark* b) {
-    for (std::int64_t d : {64, 128})
-        for (std::int64_t M : {1, 4, 8, 16, 32}) b->Args({M, d, static_cast<std::int64_t>(mha::DataType::bf16)});
+    for (mha::DataType type : {mha::DataType::bf16, mha::DataType::fp8_e4m3, mha::DataType::fp8_e5m2})
+        for (std::int64_t d : {64, 128})
+            for (std::int64_t M : {1, 4, 8, 16, 32}) b->Args({M, d, static_cast<std::int64_t>(type)});
     b->ArgNames({"M", "d", "type"});
     b->Unit(benchmark::kMillisecond);
 }

@@ -15,6 +15,11 @@
 // or misplaced term of magnitude ~Σ|terms| / d exceeds these bounds (MisplacedTermBreaksTheBound).
 // Bitwise: per query row calls; keys split anywhere (scores) and rows split at even positions (accumulate); rows in
 // blocks of a paged pool; fp32 rows holding the same values; q and p rounded by the kernel or beforehand.
+// fp8 rows (e4m3, e5m2): every code read as its value (fp8_*::to_float, itself checked against the OCP definition
+// in test_quantized_types.cpp), NaN and ±inf included; the bounds above with the tensor scale: scores one rounding
+// more (the product by k_scale); accumulate sums each chunk of keys between multiples of 64 from zero and adds
+// v_scale times it to o by one FMA, so a term passes through at most 2 + n/2 (its chunk's pairs) + 1 + (n/64 + 1)
+// (the FMAs) <= n + 4 roundings for n >= 2.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -340,6 +345,146 @@ TEST_F(Bf16DecodeDot, MisplacedTermBreaksTheBound) {
     EXPECT_EQ(scores_out_of_bound(1.0f, q, k, s), 1u);
     o.at(2, 17) -= p.at(2, jp) * k.at(jp, 17);  // a lost term
     EXPECT_EQ(accumulate_out_of_bound(p, k, o0, o), 1u);
+}
+
+// fp8 rows of E, n × d codes, row stride d + pad.
+template <class E>
+struct Fp8Rows {
+    std::size_t n, d, stride;
+    std::vector<E> buf;
+    Fp8Rows(std::size_t rows, std::size_t cols, std::size_t pad) : n(rows), d(cols), stride(cols + pad), buf(rows * stride + 1) {}
+    // Random finite codes of every exponent.
+    void fill(std::mt19937& gen) {
+        std::uniform_int_distribution<int> code(0, 255);
+        for (E& x : buf) {
+            do x = E::from_bits(static_cast<std::uint8_t>(code(gen)));
+            while (!std::isfinite(x.to_float()));
+        }
+    }
+    double at(std::size_t j, std::size_t c) const { return double(buf[j * stride + c].to_float()); }
+    mha::simd::BlockedRows<E> view(std::size_t origin = 0) const {
+        mha::simd::BlockedRows<E> r = mha::MatrixView<const E>(buf.data(), n, d, stride);
+        r.origin = origin;
+        return r;
+    }
+};
+
+// Every code of E read as its value: scores of a query of ones against rows holding one code each (the rest +0),
+// and P·V of one row of 32 codes with p = 1.
+template <class E>
+void every_code_is_its_value() {
+    SCOPED_TRACE((std::is_same_v<E, mha::fp8_e4m3> ? "e4m3" : "e5m2"));
+    const std::size_t d = 32, n = 256;
+    Fp8Rows<E> k(n, d, 0);
+    for (std::size_t j = 0; j < n; ++j) {
+        for (std::size_t c = 0; c < d; ++c) k.buf[j * d + c] = E::from_bits(0);
+        k.buf[j * d + j % d] = E::from_bits(static_cast<std::uint8_t>(j));
+    }
+    FloatMat q(1, d, 0), s(1, n, 0);
+    for (std::size_t c = 0; c < d; ++c) q.at(0, c) = 1.0f;
+    mha::simd::decode_scores_bf16(1.0f, q.cview(), k.view(), s.view());
+    for (std::size_t j = 0; j < n; ++j) {
+        const float want = E::from_bits(static_cast<std::uint8_t>(j)).to_float();
+        if (std::isnan(want))
+            EXPECT_TRUE(std::isnan(s.at(0, j))) << "code " << j;
+        else
+            EXPECT_EQ(s.at(0, j), want) << "code " << j;
+    }
+    for (std::size_t r = 0; r < n / d; ++r) {
+        Fp8Rows<E> v(1, d, 0);
+        for (std::size_t c = 0; c < d; ++c) v.buf[c] = E::from_bits(static_cast<std::uint8_t>(r * d + c));
+        FloatMat p(1, 1, 0), o(1, d, 0);
+        p.at(0, 0) = 1.0f;
+        for (std::size_t c = 0; c < d; ++c) o.at(0, c) = 0.0f;
+        mha::simd::decode_accumulate_bf16(p.cview(), v.view(r), o.view());
+        for (std::size_t c = 0; c < d; ++c) {
+            const float want = v.buf[c].to_float();
+            if (std::isnan(want))
+                EXPECT_TRUE(std::isnan(o.at(0, c))) << "code " << r * d + c;
+            else
+                EXPECT_EQ(o.at(0, c), want) << "code " << r * d + c;
+        }
+    }
+}
+
+TEST_F(Bf16DecodeDot, Fp8EveryCodeIsItsValue) {
+    every_code_is_its_value<mha::fp8_e4m3>();
+    every_code_is_its_value<mha::fp8_e5m2>();
+}
+
+// Random fp8 rows with tensor scales: within the bounds (header) against float64, and the same bits per query row,
+// with the keys split anywhere (scores) and the rows split at a multiple of 64 of the absolute position (accumulate).
+template <class E>
+void fp8_within_the_bound(std::mt19937& gen) {
+    SCOPED_TRACE((std::is_same_v<E, mha::fp8_e4m3> ? "e4m3" : "e5m2"));
+    const float scale = 0.125f, k_scale = 0.37f, v_scale = 1.9f;
+    std::size_t c = 0;
+    for (std::size_t M : {1, 3, 4, 5, 8})
+        for (std::size_t n : {1, 2, 5, 17, 100, 130})
+            for (std::size_t d : {32, 128}) {
+                ++c;
+                SCOPED_TRACE(shape(M, n, d));
+                FloatMat q(M, d, c % 3), s(M, n, c % 2), p(M, n, c % 3), o(M, d, c % 2);
+                q.fill(gen, -1.0f, 1.0f);
+                p.fill(gen, 0.0f, 1.0f);
+                o.fill(gen, -2.0f, 2.0f, /*raw=*/true);
+                Fp8Rows<E> k(n, d, c % 5);
+                k.fill(gen);
+                const std::size_t origin = c * 23 % 150;
+                const FloatMat o0 = o;
+                mha::simd::decode_scores_bf16(scale, q.cview(), k.view(), s.view(), {}, k_scale);
+                mha::simd::decode_accumulate_bf16(p.cview(), k.view(origin), o.view(), {}, v_scale);
+                const std::size_t rounds = 2 * d / 32 + 6;
+                std::size_t bad = 0;
+                for (std::size_t m = 0; m < M; ++m)
+                    for (std::size_t j = 0; j < n; ++j) {
+                        double want = 0, mag = 0;
+                        for (std::size_t x = 0; x < d; ++x) {
+                            const double t = double(q.at(m, x)) * k.at(j, x);
+                            want += t, mag += std::fabs(t);
+                        }
+                        const double f = double(scale) * double(k_scale);
+                        if (!(std::fabs(double(s.at(m, j)) - f * want) <= gamma(rounds) * f * mag)) ++bad;
+                    }
+                EXPECT_EQ(bad, 0u) << "scores";
+                for (std::size_t m = 0; m < M; ++m)
+                    for (std::size_t x = 0; x < d; ++x) {
+                        double sum = 0, mag = 0;
+                        for (std::size_t j = 0; j < n; ++j) {
+                            const double t = double(p.at(m, j)) * k.at(j, x);
+                            sum += t, mag += std::fabs(t);
+                        }
+                        const double want = double(o0.at(m, x)) + double(v_scale) * sum;
+                        const double bound = gamma(std::max<std::size_t>(n, 2) + 4) * (std::fabs(double(o0.at(m, x))) + double(v_scale) * mag);
+                        if (!(std::fabs(double(o.at(m, x)) - want) <= bound)) ++bad;
+                    }
+                EXPECT_EQ(bad, 0u) << "accumulate";
+                EXPECT_TRUE(s.sentinels_intact() && o.sentinels_intact());
+                // Per query row; keys split at n / 3 (scores), rows at the first multiple of 64 of origin + j.
+                FloatMat sr(M, n, c % 2), orow = o0;
+                const std::size_t cut = std::min(n, (64 - origin % 64) % 64);
+                for (std::size_t m = 0; m < M; ++m) {
+                    const ConstMatrix qm{&q.at(m, 0), 1, d, q.stride};
+                    const std::size_t kc = n / 3;
+                    mha::simd::BlockedRows<E> lo = k.view(), hi = k.view();
+                    lo.rows = kc, hi.data += kc * k.stride, hi.rows = n - kc;
+                    if (kc != 0) mha::simd::decode_scores_bf16(scale, qm, lo, Matrix{&sr.at(m, 0), 1, kc, sr.stride}, {}, k_scale);
+                    mha::simd::decode_scores_bf16(scale, qm, hi, Matrix{&sr.at(m, kc), 1, n - kc, sr.stride}, {}, k_scale);
+                    mha::simd::BlockedRows<E> vlo = k.view(origin), vhi = k.view(origin + cut);
+                    vlo.rows = cut, vhi.data += cut * k.stride, vhi.rows = n - cut;
+                    const Matrix om{&orow.at(m, 0), 1, d, orow.stride};
+                    if (cut != 0) mha::simd::decode_accumulate_bf16(ConstMatrix{&p.at(m, 0), 1, cut, p.stride}, vlo, om, {}, v_scale);
+                    if (cut != n) mha::simd::decode_accumulate_bf16(ConstMatrix{&p.at(m, cut), 1, n - cut, p.stride}, vhi, om, {}, v_scale);
+                }
+                EXPECT_TRUE(same_bits(sr.buf, s.buf)) << "scores per row, keys split";
+                EXPECT_TRUE(same_bits(orow.buf, o.buf)) << "accumulate per row, split at " << cut << " (origin " << origin << ")";
+            }
+}
+
+TEST_F(Bf16DecodeDot, Fp8WithinTheBoundAndTheSameBitsEverywhere) {
+    std::mt19937 gen(47);
+    fp8_within_the_bound<mha::fp8_e4m3>(gen);
+    fp8_within_the_bound<mha::fp8_e5m2>(gen);
 }
 
 TEST_F(Bf16DecodeDot, WhereTheKernelsRun) {

@@ -27,14 +27,18 @@ bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
 }
 
 #define MHA_DECODE_BF16_DEFINE_(E)                                                                                  \
-    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead) noexcept { \
-        dispatch(active_isa(), decode_scores_bf16_kernel{}, scale, q, k, s, ahead);                                    \
+    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead,           \
+                            float kv_scale) noexcept {                                                                 \
+        dispatch(active_isa(), decode_scores_bf16_kernel{}, scale, q, k, s, ahead, kv_scale);                          \
     }                                                                                                                  \
-    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead) noexcept {          \
-        dispatch(active_isa(), decode_accumulate_bf16_kernel{}, p, v, o, ahead);                                       \
+    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead,                     \
+                                float kv_scale) noexcept {                                                             \
+        dispatch(active_isa(), decode_accumulate_bf16_kernel{}, p, v, o, ahead, kv_scale);                             \
     }
 MHA_DECODE_BF16_DEFINE_(bfloat16)
 MHA_DECODE_BF16_DEFINE_(float)
+MHA_DECODE_BF16_DEFINE_(fp8_e4m3)
+MHA_DECODE_BF16_DEFINE_(fp8_e5m2)
 #undef MHA_DECODE_BF16_DEFINE_
 
 #define MHA_DECODE_DEFINE_(name, E)                                                            \

@@ -60,14 +60,16 @@ struct decode_accumulate_kernel {
 };
 
 // The same on vdpbf16ps where bf16_decode_on_dot_products(M, d) holds, else the widened kernels above.
-// E: bfloat16 or float (rows holding bf16 values, what bf16 compute stores in an f32 cache).
+// E: bfloat16, float (rows holding bf16 values, what bf16 compute stores in an f32 cache), fp8_e4m3 or fp8_e5m2
+// (kv_scale: the tensor's scale; 1 for the others).
 struct decode_scores_bf16_kernel {
     template <class Arch, class E>
-    void operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead) const noexcept;
+    void operator()(Arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead,
+                    float kv_scale) const noexcept;
 };
 struct decode_accumulate_bf16_kernel {
     template <class Arch, class E>
-    void operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead) const noexcept;
+    void operator()(Arch, ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead, float kv_scale) const noexcept;
 };
 
 // The instantiations of one Arch for every element type (PREFIX: extern, or empty in the Arch's generated TU).
@@ -80,12 +82,13 @@ struct decode_accumulate_bf16_kernel {
 #define MHA_DECODE_INSTANTIATE_ELEMENT_(PREFIX, ARCH, name, E) MHA_DECODE_INSTANTIATE_TYPE(PREFIX, ARCH, E)
 #define MHA_DECODE_INSTANTIATE(PREFIX, ARCH)                                                                          \
     MHA_KV_ELEMENT_TYPES_WITH(MHA_DECODE_INSTANTIATE_ELEMENT_, PREFIX, ARCH)                                          \
-    MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, bfloat16) MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, float)
+    MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, bfloat16) MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, float)             \
+    MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, fp8_e4m3) MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, fp8_e5m2)
 #define MHA_DECODE_INSTANTIATE_BF16(PREFIX, ARCH, E)                                                                  \
     PREFIX template void decode_scores_bf16_kernel::operator()<ARCH, E>(ARCH, float, ConstMatrix, BlockedRows<E>,    \
-                                                                        Matrix, const RowsAhead&) const noexcept;    \
+                                                                        Matrix, const RowsAhead&, float) const noexcept; \
     PREFIX template void decode_accumulate_bf16_kernel::operator()<ARCH, E>(ARCH, ConstMatrix, BlockedRows<E>, Matrix, \
-                                                                            const RowsAhead&) const noexcept;
+                                                                            const RowsAhead&, float) const noexcept;
 
 #define MHA_DECODE_EXTERN_(isa, arch, suffix) MHA_DECODE_INSTANTIATE(extern, arch)
 MHA_SIMD_ARCHS(MHA_DECODE_EXTERN_)

@@ -1,19 +1,22 @@
 // The decode kernels of bf16 compute on vdpbf16ps (AVX512_BF16): included by decode_impl.hpp; defined in the
 // AVX-512 TU only, and run where simd::bf16_decode_on_dot_products(M, d) holds (decode.hpp).
 // q and p are float rows, rounded to bf16 here (nearest even; bf16 compute hands them over rounded already, so
-// this is exact there); the K / V rows, bf16 or fp32 (rounded to bf16 as they are loaded: exact for the rows bf16
-// compute stores), are read in place. Each product of two bf16 values is exact in fp32, and
-// vdpbf16ps adds a lane's two products to its accumulator (inputs and results below 2^-126 read as zero).
-//   scores: s[m, j] = scale·Σ_c q[m, c]·k[j, c]. A register tile of up to 4 query rows × 4 keys (16 accumulators)
-//     runs along d, 32 columns per vdpbf16ps: lane l of an accumulator takes the pairs (c, c + 1), c ≡ 2l (mod 32),
-//     in order of c. Then the 16 lanes are added by the widened kernels' tree: per 128-bit block (l0 + l2) +
-//     (l1 + l3), then across blocks (b0 + b2) + (b1 + b3); times scale.
+// this is exact there); the K / V rows are read in place: bf16; fp32, rounded to bf16 as they are loaded (exact
+// for the rows bf16 compute stores); fp8 (e4m3, e5m2), whose every code is a bf16 value (NaN a NaN, ±inf ±inf),
+// converted by a lookup in registers. Each product of two bf16 values is exact in fp32, and vdpbf16ps adds a
+// lane's two products to its accumulator (inputs and results below 2^-126 read as zero; fp8's smallest values,
+// 2^-9 and 2^-16, are far above).
+//   scores: s[m, j] = scale·Σ_c q[m, c]·k[j, c] (fp8: times k_scale after). A register tile of up to 4 query rows
+//     × 4 keys (16 accumulators) runs along d, 32 columns per vdpbf16ps: lane l of an accumulator takes the pairs
+//     (c, c + 1), c ≡ 2l (mod 32), in order of c. Then the 16 lanes are added by the widened kernels' tree: per
+//     128-bit block (l0 + l2) + (l1 + l3), then across blocks (b0 + b2) + (b1 + b3); times scale.
 //   accumulate: o[m, c] += Σ_j p[m, j]·v[j, c], the rows in pairs at even absolute positions (v.origin + j; a row
 //     whose partner lies outside [0, n) is paired with zeros): the pairs added to o in order of position, a pair's
 //     two products by one vdpbf16ps. Lanes hold the columns permuted within each 32 (vpunpck{l,h}wd of two rows);
-//     o is permuted into that order as a tile loads it and back as it stores.
+//     o is permuted into that order as a tile loads it and back as it stores. fp8: the pairs of a chunk (the
+//     keys between multiples of 64 of the absolute position) are added from zero, and o += v_scale·that sum.
 // Every result is bitwise the same for any M, any placement of the rows (blocks of a paged cache), any thread count,
-// and (accumulate) any split of the rows into calls at even absolute positions.
+// and (accumulate) any split of the rows into calls at even absolute positions (fp8: at multiples of 64).
 // Preconditions: d a multiple of 32, d <= kBf16DotMaxCols, M <= kBf16DotMaxRows, M·d <= kDotMaxQueryValues.
 #pragma once
 #include <cstddef>
@@ -24,10 +27,51 @@
 namespace mha::simd::decode_detail {
 
 // The bf16 decode kernels on vdpbf16ps: declared in every ISA TU, defined (and called) in the AVX-512 TU only.
+// kv_scale: fp8's tensor scale (k_scale, v_scale), 1 for the other element types.
 template <class Arch, class E>
-void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream) noexcept;
+void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream,
+                     float kv_scale) noexcept;
 template <class Arch, class E>
-void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream) noexcept;
+void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream,
+                         float kv_scale) noexcept;
+
+template <class E>
+inline constexpr bool kFp8Rows = std::is_same_v<E, fp8_e4m3> || std::is_same_v<E, fp8_e5m2>;
+
+// The bf16 bits of the fp8 code `magnitude` (0..127, the sign bit clear) of E: every finite code is a bf16
+// value (3 or 2 mantissa bits; subnormals normalized), NaN codes give 0x7FC0 and e5m2's infinity 0x7F80.
+template <class E>
+constexpr std::uint16_t fp8_magnitude_bf16(unsigned magnitude) noexcept {
+    constexpr unsigned mbits = std::is_same_v<E, fp8_e4m3> ? 3 : 2;
+    constexpr int bias = std::is_same_v<E, fp8_e4m3> ? 7 : 15;
+    constexpr unsigned emax = std::is_same_v<E, fp8_e4m3> ? 15 : 31;
+    const unsigned e = magnitude >> mbits, m = magnitude & ((1u << mbits) - 1u);
+    if constexpr (std::is_same_v<E, fp8_e4m3>) {
+        if (e == emax && m == 7) return 0x7FC0;
+    } else {
+        if (e == emax) return m == 0 ? 0x7F80 : 0x7FC0;
+    }
+    if (e == 0) {  // m·2^(1 - bias - mbits), normalized
+        if (m == 0) return 0;
+        unsigned top = 0;
+        while ((m >> (top + 1)) != 0) ++top;
+        const int field = static_cast<int>(top) + 1 - bias - static_cast<int>(mbits) + 127;
+        return static_cast<std::uint16_t>((static_cast<unsigned>(field) << 7) | ((m - (1u << top)) << (7 - top)));
+    }
+    const int field = static_cast<int>(e) - bias + 127;
+    return static_cast<std::uint16_t>((static_cast<unsigned>(field) << 7) | (m << (7 - mbits)));
+}
+
+// fp8_magnitude_bf16 of the codes 0..127, as four registers of 32 (the lookup's operands).
+template <class E>
+struct Fp8Bf16Table {
+    alignas(64) std::uint16_t bits[128];
+    constexpr Fp8Bf16Table() noexcept : bits{} {
+        for (unsigned c = 0; c < 128; ++c) bits[c] = fp8_magnitude_bf16<E>(c);
+    }
+};
+template <class E>
+inline constexpr Fp8Bf16Table<E> kFp8Bf16Table{};
 
 #if defined(__AVX512F__)
 #define MHA_BF16_DOT_TARGET __attribute__((target("avx512bf16")))
@@ -51,11 +95,21 @@ MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512 dot_pairs(__m51
 }
 
 // 32 elements of a K / V row of E at column c as bf16: bf16 rows loaded, fp32 rows rounded (vcvtne2ps2bf16; exact
-// for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same bits).
+// for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same bits), fp8 codes
+// looked up: sign-extended to 16 bits, the magnitude's bf16 by two vpermt2w (codes 0..63 and 64..127, picked by
+// bit 6), the sign or'ed in (6 instructions per 32 codes where widening to fp32 took 16).
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512i row32(const unsigned char* row, std::size_t c) noexcept {
     if constexpr (std::is_same_v<E, bfloat16>) {
         return _mm512_loadu_si512(row + 2 * c);
+    } else if constexpr (kFp8Rows<E>) {
+        const std::uint16_t* t = kFp8Bf16Table<E>.bits;
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+        const __m512i w = _mm512_cvtepi8_epi16(b);
+        const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(t), w, _mm512_load_si512(t + 32));
+        const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(t + 64), w, _mm512_load_si512(t + 96));
+        const __m512i magnitude = _mm512_mask_mov_epi16(low, _mm256_test_epi8_mask(b, _mm256_set1_epi8(0x40)), high);
+        return _mm512_ternarylogic_epi32(magnitude, w, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);  // a | (b & c)
     } else {
         const float* f = reinterpret_cast<const float*>(row) + c;
         return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
@@ -74,7 +128,8 @@ inline __attribute__((always_inline)) __m512 block_sums(__m512 v0, __m512 v1, __
 template <class Arch, class E, std::size_t QR>
 MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(const std::uint16_t* q, std::size_t d,
                                                                              const unsigned char* const* rows, std::size_t kr,
-                                                                             float scale, float* s, std::size_t lds) noexcept {
+                                                                             float scale, float kv_scale, float* s,
+                                                                             std::size_t lds) noexcept {
     __m512 acc[QR][4];
 #pragma GCC unroll 4
     for (std::size_t m = 0; m < QR; ++m)
@@ -96,8 +151,9 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
     for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
     const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
     const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-    const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                                                          _mm512_shuffle_f32x4(w01, w23, 0xDD)));
+    __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                                                    _mm512_shuffle_f32x4(w01, w23, 0xDD)));
+    if constexpr (kFp8Rows<E>) sums = _mm512_mul_ps(sums, _mm512_set1_ps(kv_scale));
     // Lane 4m + j: s[m, j]. Each row's 128-bit lane stored from the register (through a stack copy, the narrower
     // reloads at other offsets missed store forwarding: a third of the tile's time).
     const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
@@ -111,7 +167,8 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
 // tiles of 4 keys × up to 4 query rows.
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float scale, ConstMatrix q, const BlockedRows<E>& k,
-                                                                         Matrix s, const RowStream<Arch>& stream) noexcept {
+                                                                         Matrix s, const RowStream<Arch>& stream,
+                                                                         float kv_scale) noexcept {
     const std::size_t M = q.rows, d = q.cols, n = k.rows;
     alignas(64) std::uint16_t qb[kDotMaxQueryValues];
     for (std::size_t m = 0; m < M; ++m) narrow_to_bf16<Arch>(q.data + m * q.stride, d, qb + m * d);
@@ -126,10 +183,10 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
             for (std::size_t m = 0; m < M; m += 4) {
                 float* st = s.data + m * s.stride + j + t;
                 switch (min_size(4, M - m)) {
-                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
                 }
             }
         }
@@ -137,8 +194,9 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
 }
 
 template <class Arch, class E>
-void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream) noexcept {
-    scores_bf16_dot_impl<Arch, E>(scale, q, k, s, stream);
+void scores_bf16_dot(float scale, ConstMatrix q, const BlockedRows<E>& k, Matrix s, const RowStream<Arch>& stream,
+                     float kv_scale) noexcept {
+    scores_bf16_dot_impl<Arch, E>(scale, q, k, s, stream, kv_scale);
 }
 
 // Keys per accumulate chunk: chunks end at the multiples of kBf16Chunk of the absolute position (its P narrowed
@@ -154,7 +212,8 @@ inline constexpr std::size_t kBf16ChunkSlots = kBf16Chunk + 2;
 template <class Arch, class E, std::size_t MR, std::size_t NB>
 MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(const unsigned char* const* rows, std::size_t e,
                                                                             const std::uint16_t* pb, std::size_t c0, float* o,
-                                                                            std::size_t ldo, const RowStream<Arch>* stream,
+                                                                            std::size_t ldo, float kv_scale,
+                                                                            const RowStream<Arch>* stream,
                                                                             std::size_t ahead_first, std::size_t ahead_rows) noexcept {
     // Lane 4k + i of `lo` holds column 8k + i of the 32, of `hi` column 8k + 4 + i (k: the 128-bit block).
     const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
@@ -164,10 +223,14 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
     for (std::size_t i = 0; i < MR; ++i)
 #pragma GCC unroll 2
         for (std::size_t b = 0; b < NB; ++b) {
-            const float* oi = o + i * ldo + c0 + 32 * b;
-            const __m512 n0 = _mm512_loadu_ps(oi), n1 = _mm512_loadu_ps(oi + 16);
-            lo[i][b] = _mm512_permutex2var_ps(n0, to_lo, n1);
-            hi[i][b] = _mm512_permutex2var_ps(n0, to_hi, n1);
+            if constexpr (kFp8Rows<E>) {
+                lo[i][b] = hi[i][b] = _mm512_setzero_ps();
+            } else {
+                const float* oi = o + i * ldo + c0 + 32 * b;
+                const __m512 n0 = _mm512_loadu_ps(oi), n1 = _mm512_loadu_ps(oi + 16);
+                lo[i][b] = _mm512_permutex2var_ps(n0, to_lo, n1);
+                hi[i][b] = _mm512_permutex2var_ps(n0, to_hi, n1);
+            }
         }
     for (std::size_t k0 = 0; k0 < e; k0 += 16) {
         const std::size_t k1 = min_size(k0 + 16, e);
@@ -200,14 +263,21 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
 #pragma GCC unroll 2
         for (std::size_t b = 0; b < NB; ++b) {
             float* oi = o + i * ldo + c0 + 32 * b;
-            _mm512_storeu_ps(oi, _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]));
-            _mm512_storeu_ps(oi + 16, _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]));
+            __m512 r0 = _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]), r1 = _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]);
+            if constexpr (kFp8Rows<E>) {
+                const __m512 vs = _mm512_set1_ps(kv_scale);
+                r0 = _mm512_fmadd_ps(vs, r0, _mm512_loadu_ps(oi));
+                r1 = _mm512_fmadd_ps(vs, r1, _mm512_loadu_ps(oi + 16));
+            }
+            _mm512_storeu_ps(oi, r0);
+            _mm512_storeu_ps(oi + 16, r1);
         }
 }
 
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(ConstMatrix p, const BlockedRows<E>& v, Matrix o,
-                                                                             const RowStream<Arch>& stream) noexcept {
+                                                                             const RowStream<Arch>& stream,
+                                                                             float kv_scale) noexcept {
     const std::size_t M = o.rows, n = v.rows, d = o.cols;
     alignas(64) static const E zeros[kBf16DotMaxCols] = {};
     alignas(64) std::uint16_t pb[kBf16DotMaxRows * kBf16ChunkSlots];
@@ -232,16 +302,17 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(Cons
                 float* om = o.data + m0 * o.stride;
                 const std::uint16_t* pt = pb + m0 * kBf16ChunkSlots;
                 if (blocks == 2)
-                    bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
                 else
-                    bf16_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
             });
     }
 }
 
 template <class Arch, class E>
-void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream) noexcept {
-    accumulate_bf16_dot_impl<Arch, E>(p, v, o, stream);
+void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const RowStream<Arch>& stream,
+                         float kv_scale) noexcept {
+    accumulate_bf16_dot_impl<Arch, E>(p, v, o, stream, kv_scale);
 }
 #undef MHA_BF16_DOT_TARGET
 #endif

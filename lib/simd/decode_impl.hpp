@@ -1039,7 +1039,8 @@ constexpr AccumulateTable<Arch, T> make_accumulate_table(std::index_sequence<I..
 
 // The register tiles of the dot-product P·V kernels over g rows from row j0 (a group or chunk): query rows in tiles
 // of up to 4 (query_tile(m0, mr) first), then columns in tiles of 64 (32 at the end of d, a multiple of 32):
-// tile(MR, NB, m0, c, stream, ahead_first, ahead_rows) with MR an integral_constant, NB 2 or 1 columns blocks of 32.
+// tile(MR, blocks, m0, c, stream, ahead_first, ahead_rows) with MR an integral_constant and blocks (2 or 1) the
+// tile's 32-column blocks.
 // The first query tile reads the rows ahead ([ahead_first, + ahead_rows) of `stream`), a share per column tile;
 // the others get no stream (null).
 template <class Arch, class QueryTile, class Tile>
@@ -1188,30 +1189,30 @@ void decode_accumulate_kernel::operator()(Arch, ConstMatrix p, BlockedRows<E> v,
 
 template <class Arch, class E>
 void decode_scores_bf16_kernel::operator()(Arch arch, float scale, ConstMatrix q, BlockedRows<E> k, Matrix s,
-                                           const RowsAhead& ahead) const noexcept {
+                                           const RowsAhead& ahead, float kv_scale) const noexcept {
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         using namespace decode_detail;
         if (k.rows != 0 && bf16_decode_on_dot_products(q.rows, q.cols)) {
             const RowStream<Arch> stream = row_stream<Arch>(k, row_storage_bytes<E>(q.cols), ahead, kAheadBytes, kAheadMaxRows);
             read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
-            return scores_bf16_dot<Arch, E>(scale, q, k, s, stream);
+            return scores_bf16_dot<Arch, E>(scale, q, k, s, stream, kv_scale);
         }
     }
-    decode_scores_kernel{}(arch, scale, q, k, s, ahead, 1.0f);
+    decode_scores_kernel{}(arch, scale, q, k, s, ahead, kv_scale);
 }
 
 template <class Arch, class E>
 void decode_accumulate_bf16_kernel::operator()(Arch arch, ConstMatrix p, BlockedRows<E> v, Matrix o,
-                                               const RowsAhead& ahead) const noexcept {
+                                               const RowsAhead& ahead, float kv_scale) const noexcept {
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         using namespace decode_detail;
         if (v.rows != 0 && bf16_decode_on_dot_products(o.rows, o.cols)) {
             const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(o.cols), ahead, kAheadBytes, kAheadMaxRows);
             read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
-            return accumulate_bf16_dot<Arch, E>(p, v, o, stream);
+            return accumulate_bf16_dot<Arch, E>(p, v, o, stream, kv_scale);
         }
     }
-    decode_accumulate_kernel{}(arch, p, v, o, ahead, 1.0f);
+    decode_accumulate_kernel{}(arch, p, v, o, ahead, kv_scale);
 }
 
 }  // namespace mha::simd

@@ -21,7 +21,8 @@
 namespace mha::simd::decode_detail {
 
 inline constexpr std::size_t kPvGroup = 64;
-// The group's block scales: [block][kPvScaleStride] floats (chunk_block_scales writes the lanes past a run up to a multiple of 16).
+// The group's block scales: [block][kPvScaleStride] floats (chunk_block_scales writes the lanes past a run up to
+// a multiple of 16).
 inline constexpr std::size_t kPvScaleStride = kPvGroup + 16;
 
 // The int8 P·V on dot products: declared in every ISA TU, defined (and called) in the AVX-512 TU only.

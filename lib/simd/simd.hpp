@@ -202,16 +202,21 @@ void gemm_panels(float alpha, ConstMatrix a, Trans ta, const PanelMatrix& b, flo
 MHA_KV_ELEMENT_TYPES(MHA_DECODE_DECLARE_)
 #undef MHA_DECODE_DECLARE_
 
-// bf16 compute over a bf16 cache, or an f32 cache holding bf16 values: the same two products with q, p and the rows
-// rounded to bf16 (nearest even; exact where they hold bf16 values already), on vdpbf16ps where
+// bf16 compute over a bf16 cache, an f32 cache holding bf16 values, or an fp8 cache (whose codes are all bf16
+// values; kv_scale its tensor scale, 1 for the others): the same two products with q, p and the rows rounded to
+// bf16 (nearest even; exact where they hold bf16 values already), on vdpbf16ps where
 // bf16_decode_on_dot_products(M, d) holds (decode.hpp; the summation order and bit-for-bit guarantees:
 // lib/simd/decode_bf16_dot_impl.hpp; a bf16 row and an f32 row of its values give the same bits), else
 // decode_scores / decode_accumulate above on q, p and the rows as given.
 #define MHA_DECODE_BF16_DECLARE_(E)                                                                               \
-    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {}) noexcept; \
-    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead = {}) noexcept;
+    void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead = {},  \
+                            float kv_scale = 1.0f) noexcept;                                                      \
+    void decode_accumulate_bf16(ConstMatrix p, BlockedRows<E> v, Matrix o, const RowsAhead& ahead = {},           \
+                                float kv_scale = 1.0f) noexcept;
 MHA_DECODE_BF16_DECLARE_(bfloat16)
 MHA_DECODE_BF16_DECLARE_(float)
+MHA_DECODE_BF16_DECLARE_(fp8_e4m3)
+MHA_DECODE_BF16_DECLARE_(fp8_e5m2)
 #undef MHA_DECODE_BF16_DECLARE_
 
 }  // namespace mha::simd
