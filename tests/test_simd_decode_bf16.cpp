@@ -15,7 +15,7 @@
 // or misplaced term of magnitude ~Σ|terms| / d exceeds these bounds (MisplacedTermBreaksTheBound).
 // Bitwise: per query row calls; keys split anywhere (scores) and rows split at even positions (accumulate); rows in
 // blocks of a paged pool; fp32 rows holding the same values; q and p rounded by the kernel or beforehand.
-// fp8 rows (e4m3, e5m2): every code read as its value (fp8_*::to_float, itself checked against the OCP definition
+// fp8 rows (e4m3, e5m2; with AVX512_VBMI, skipped without): every code read as its value (fp8_*::to_float, itself checked against the OCP definition
 // in test_quantized_types.cpp), NaN and ±inf included; the bounds above with the tensor scale: scores one rounding
 // more (the product by k_scale); accumulate sums each chunk of keys between multiples of 64 from zero and adds
 // v_scale times it to o by one FMA, so a term passes through at most 2 + n/2 (its chunk's pairs) + 1 + (n/64 + 1)
@@ -390,24 +390,27 @@ void every_code_is_its_value() {
         else
             EXPECT_EQ(s.at(0, j), want) << "code " << j;
     }
-    for (std::size_t r = 0; r < n / d; ++r) {
-        Fp8Rows<E> v(1, d, 0);
-        for (std::size_t c = 0; c < d; ++c) v.buf[c] = E::from_bits(static_cast<std::uint8_t>(r * d + c));
-        FloatMat p(1, 1, 0), o(1, d, 0);
-        p.at(0, 0) = 1.0f;
-        for (std::size_t c = 0; c < d; ++c) o.at(0, c) = 0.0f;
-        mha::simd::decode_accumulate_bf16(p.cview(), v.view(r), o.view());
-        for (std::size_t c = 0; c < d; ++c) {
-            const float want = v.buf[c].to_float();
-            if (std::isnan(want))
-                EXPECT_TRUE(std::isnan(o.at(0, c))) << "code " << r * d + c;
-            else
-                EXPECT_EQ(o.at(0, c), want) << "code " << r * d + c;
+    // Rows of 32 (the 32-column tile) and of 64 codes (the 64-column tile), at odd and even positions.
+    for (std::size_t dv : {32, 64})
+        for (std::size_t r = 0; r < n / dv; ++r) {
+            Fp8Rows<E> v(1, dv, 0);
+            for (std::size_t c = 0; c < dv; ++c) v.buf[c] = E::from_bits(static_cast<std::uint8_t>(r * dv + c));
+            FloatMat p(1, 1, 0), o(1, dv, 0);
+            p.at(0, 0) = 1.0f;
+            for (std::size_t c = 0; c < dv; ++c) o.at(0, c) = 0.0f;
+            mha::simd::decode_accumulate_bf16(p.cview(), v.view(r), o.view());
+            for (std::size_t c = 0; c < dv; ++c) {
+                const float want = v.buf[c].to_float();
+                if (std::isnan(want))
+                    EXPECT_TRUE(std::isnan(o.at(0, c))) << "code " << r * dv + c;
+                else
+                    EXPECT_EQ(o.at(0, c), want) << "code " << r * dv + c;
+            }
         }
-    }
 }
 
 TEST_F(Bf16DecodeDot, Fp8EveryCodeIsItsValue) {
+    if (!mha::simd::fp8_decode_on_dot_products(1, 32)) GTEST_SKIP() << "no AVX512_VBMI: fp8 rows take the widened kernels";
     every_code_is_its_value<mha::fp8_e4m3>();
     every_code_is_its_value<mha::fp8_e5m2>();
 }
@@ -482,6 +485,7 @@ void fp8_within_the_bound(std::mt19937& gen) {
 }
 
 TEST_F(Bf16DecodeDot, Fp8WithinTheBoundAndTheSameBitsEverywhere) {
+    if (!mha::simd::fp8_decode_on_dot_products(1, 32)) GTEST_SKIP() << "no AVX512_VBMI: fp8 rows take the widened kernels";
     std::mt19937 gen(47);
     fp8_within_the_bound<mha::fp8_e4m3>(gen);
     fp8_within_the_bound<mha::fp8_e5m2>(gen);
@@ -494,8 +498,11 @@ TEST_F(Bf16DecodeDot, WhereTheKernelsRun) {
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(4, mha::simd::kBf16DotMaxCols + 32));
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(32, 512));  // M·d above kDotMaxQueryValues
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(0, 64));
+    EXPECT_EQ(mha::simd::fp8_decode_on_dot_products(4, 128), __builtin_cpu_supports("avx512vbmi") != 0);
+    EXPECT_FALSE(mha::simd::fp8_decode_on_dot_products(4, 80));
     mha::set_isa_cap(mha::Isa::avx512);
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(4, 128));
+    EXPECT_FALSE(mha::simd::fp8_decode_on_dot_products(4, 128));
     mha::set_isa_cap(mha::detected_isa());
 }
 

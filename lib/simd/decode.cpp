@@ -26,6 +26,17 @@ bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
            d <= kBf16DotMaxCols && M * d <= kDotMaxQueryValues;
 }
 
+bool fp8_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
+#if defined(__x86_64__)
+    // AVX512_VBMI implies nothing about the OS state: the avx512_bf16 level (checked with it) does.
+    static const bool vbmi = __builtin_cpu_supports("avx512vbmi") != 0;
+    return vbmi && bf16_decode_on_dot_products(M, d);
+#else
+    (void)M, (void)d;
+    return false;
+#endif
+}
+
 #define MHA_DECODE_BF16_DEFINE_(E)                                                                                  \
     void decode_scores_bf16(float scale, ConstMatrix q, BlockedRows<E> k, Matrix s, const RowsAhead& ahead,           \
                             float kv_scale) noexcept {                                                                 \

@@ -45,6 +45,8 @@ inline constexpr std::size_t kBf16DotMaxCols = 512;
 // bf16, each product exact, a lane's two products added at once. d a multiple of 32, at most kBf16DotMaxCols;
 // M <= kBf16DotMaxRows and M·d <= kDotMaxQueryValues.
 bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept;
+// The same for an fp8 cache: bf16_decode_on_dot_products and AVX512_VBMI (the codes' conversion, vpermi2b).
+bool fp8_decode_on_dot_products(std::size_t M, std::size_t d) noexcept;
 
 // s = scale·q·kᵀ: q [M, d], k [n, d], s [M, n].
 struct decode_scores_kernel {

@@ -73,6 +73,21 @@ struct Fp8Bf16Table {
 template <class E>
 inline constexpr Fp8Bf16Table<E> kFp8Bf16Table{};
 
+// The same as bytes: low[c] and high[c] the low and high byte of fp8_magnitude_bf16(c) (the operands of vpermi2b).
+template <class E>
+struct Fp8Bf16Bytes {
+    alignas(64) std::uint8_t low[128];
+    alignas(64) std::uint8_t high[128];
+    constexpr Fp8Bf16Bytes() noexcept : low{}, high{} {
+        for (unsigned c = 0; c < 128; ++c) {
+            low[c] = static_cast<std::uint8_t>(fp8_magnitude_bf16<E>(c) & 0xFF);
+            high[c] = static_cast<std::uint8_t>(fp8_magnitude_bf16<E>(c) >> 8);
+        }
+    }
+};
+template <class E>
+inline constexpr Fp8Bf16Bytes<E> kFp8Bf16Bytes{};
+
 #if defined(__AVX512F__)
 #define MHA_BF16_DOT_TARGET __attribute__((target("avx512bf16")))
 
@@ -116,6 +131,21 @@ MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512i row32(const un
     }
 }
 
+// fp8 codes on AVX512_VBMI, 64 at a time (the fp8 kernels run only with it: decode_impl.hpp): each code's bf16 low
+// and high byte by vpermi2b from 128-entry tables (the sign or'ed into the high byte), interleaved into words:
+// `first` holds the words of bytes 0..7 of each 128-bit block of x, `second` those of bytes 8..15. 5 instructions
+// per 64 codes.
+#define MHA_FP8_DOT_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
+template <class E>
+MHA_FP8_DOT_TARGET inline __attribute__((always_inline)) void fp8_words(__m512i x, __m512i& first, __m512i& second) noexcept {
+    const Fp8Bf16Bytes<E>& t = kFp8Bf16Bytes<E>;
+    const __m512i low = _mm512_permutex2var_epi8(_mm512_load_si512(t.low), x, _mm512_load_si512(t.low + 64));
+    const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(_mm512_load_si512(t.high), x, _mm512_load_si512(t.high + 64)),
+                                                   x, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // a | (b & c)
+    first = _mm512_unpacklo_epi8(low, high);
+    second = _mm512_unpackhi_epi8(low, high);
+}
+
 // Lane 4b + i of the result: (v_i[4b] + v_i[4b + 2]) + (v_i[4b + 1] + v_i[4b + 3]).
 template <class Arch>
 inline __attribute__((always_inline)) __m512 block_sums(__m512 v0, __m512 v1, __m512 v2, __m512 v3) noexcept {
@@ -128,8 +158,7 @@ inline __attribute__((always_inline)) __m512 block_sums(__m512 v0, __m512 v1, __
 template <class Arch, class E, std::size_t QR>
 MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(const std::uint16_t* q, std::size_t d,
                                                                              const unsigned char* const* rows, std::size_t kr,
-                                                                             float scale, float kv_scale, float* s,
-                                                                             std::size_t lds) noexcept {
+                                                                             float scale, float* s, std::size_t lds) noexcept {
     __m512 acc[QR][4];
 #pragma GCC unroll 4
     for (std::size_t m = 0; m < QR; ++m)
@@ -151,9 +180,8 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
     for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
     const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
     const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-    __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                                                    _mm512_shuffle_f32x4(w01, w23, 0xDD)));
-    if constexpr (kFp8Rows<E>) sums = _mm512_mul_ps(sums, _mm512_set1_ps(kv_scale));
+    const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                                                          _mm512_shuffle_f32x4(w01, w23, 0xDD)));
     // Lane 4m + j: s[m, j]. Each row's 128-bit lane stored from the register (through a stack copy, the narrower
     // reloads at other offsets missed store forwarding: a third of the tile's time).
     const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
@@ -163,6 +191,59 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
     if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
 }
 
+// The fp8 scores tile: as bf16_dot_tile, along d in groups of 64 codes (a group of 32 at the end of d reads as 64
+// with zeros), q in the order fp8_words gives the codes: per group, 32 values of `first` then 32 of `second`
+// (fp8_query_order), dp apart.
+template <class Arch, class E, std::size_t QR>
+MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_dot_tile(const std::uint16_t* q, std::size_t d, std::size_t dp,
+                                                                           const unsigned char* const* rows, std::size_t kr,
+                                                                           float scale, float kv_scale, float* s,
+                                                                           std::size_t lds) noexcept {
+    __m512 acc[QR][4];
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < QR; ++m)
+#pragma GCC unroll 4
+        for (std::size_t j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (std::size_t c = 0; c < d; c += 64) {
+        const __mmask64 keep = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1u;
+        __m512i k0[4], k1[4];
+#pragma GCC unroll 4
+        for (std::size_t j = 0; j < 4; ++j) fp8_words<E>(_mm512_maskz_loadu_epi8(keep, rows[j] + c), k0[j], k1[j]);
+#pragma GCC unroll 4
+        for (std::size_t m = 0; m < QR; ++m) {
+            const __m512i q0 = _mm512_load_si512(q + m * dp + c), q1 = _mm512_load_si512(q + m * dp + c + 32);
+#pragma GCC unroll 4
+            for (std::size_t j = 0; j < 4; ++j) acc[m][j] = dot_pairs<Arch>(dot_pairs<Arch>(acc[m][j], q0, k0[j]), q1, k1[j]);
+        }
+    }
+    __m512 u[4];
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    const __m512 sums = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                                                                      _mm512_shuffle_f32x4(w01, w23, 0xDD))),
+                                      _mm512_set1_ps(kv_scale));
+    const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
+    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(sums));
+    if constexpr (QR > 1) _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(sums, 1));
+    if constexpr (QR > 2) _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(sums, 2));
+    if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
+}
+
+// q's bf16 row of d values (a multiple of 32) into dp = d rounded up to 64, in fp8_words' order of the codes: per
+// group of 64 columns, first columns 16k + i, then 16k + 8 + i (k < 4, i < 8); columns past d zero.
+MHA_FP8_DOT_TARGET inline void fp8_query_order(const std::uint16_t* q, std::size_t d, std::uint16_t* y) noexcept {
+    alignas(64) static constexpr std::uint16_t kFirst[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+                                                             32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55};
+    const __m512i first = _mm512_load_si512(kFirst), second = _mm512_add_epi16(first, _mm512_set1_epi16(8));
+    for (std::size_t c = 0; c < d; c += 64) {
+        const __m512i a = _mm512_loadu_si512(q + c), b = d - c >= 64 ? _mm512_loadu_si512(q + c + 32) : _mm512_setzero_si512();
+        _mm512_store_si512(y + c, _mm512_permutex2var_epi16(a, first, b));
+        _mm512_store_si512(y + c + 32, _mm512_permutex2var_epi16(a, second, b));
+    }
+}
+
 // Q rounded to bf16, then the keys 16 at a time (rows through the block table, read ahead through `stream`), in
 // tiles of 4 keys × up to 4 query rows.
 template <class Arch, class E>
@@ -170,8 +251,14 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
                                                                          Matrix s, const RowStream<Arch>& stream,
                                                                          float kv_scale) noexcept {
     const std::size_t M = q.rows, d = q.cols, n = k.rows;
-    alignas(64) std::uint16_t qb[kDotMaxQueryValues];
-    for (std::size_t m = 0; m < M; ++m) narrow_to_bf16<Arch>(q.data + m * q.stride, d, qb + m * d);
+    // fp8: rows of dp = d rounded up to 64 values in fp8_words' order (at most twice kDotMaxQueryValues, d >= 32).
+    constexpr bool kFp8 = kFp8Rows<E>;
+    alignas(64) std::uint16_t qb[kFp8 ? 2 * kDotMaxQueryValues : kDotMaxQueryValues];
+    const std::size_t dp = kFp8 ? (d + 63) / 64 * 64 : d;
+    for (std::size_t m = 0; m < M; ++m) {
+        narrow_to_bf16<Arch>(q.data + m * q.stride, d, qb + m * dp);
+        if constexpr (kFp8) fp8_query_order(qb + m * dp, d, qb + m * dp);
+    }
     const unsigned char* rows[16 + 3];
     for (std::size_t j = 0, kr = 0; j < n; j += kr) {
         kr = min_size(16, n - j);
@@ -182,11 +269,20 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
             const std::size_t tk = min_size(4, kr - t);
             for (std::size_t m = 0; m < M; m += 4) {
                 float* st = s.data + m * s.stride + j + t;
+                if constexpr (kFp8) {
+                    switch (min_size(4, M - m)) {
+                        case 1: fp8_dot_tile<Arch, E, 1>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                        case 2: fp8_dot_tile<Arch, E, 2>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                        case 3: fp8_dot_tile<Arch, E, 3>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                        default: fp8_dot_tile<Arch, E, 4>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                    }
+                    continue;
+                }
                 switch (min_size(4, M - m)) {
-                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
-                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
-                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
-                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, kv_scale, st, s.stride); break;
+                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
                 }
             }
         }
@@ -274,6 +370,52 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
         }
 }
 
+// The fp8 P·V tile of 64 columns (NB 2), codes converted by fp8_words: the two rows of a pair interleaved by bytes
+// first, so that fp8_words gives the pairs directly: accumulator a holds column 16k + 4a + i in lane 4k + i. Each
+// column's lane takes the same pairs in the same order as in bf16_pv_tile (the same bits). o += kv_scale·sum.
+template <class Arch, class E, std::size_t MR>
+MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_pv_tile(const unsigned char* const* rows, std::size_t e,
+                                                                          const std::uint16_t* pb, std::size_t c0, float* o,
+                                                                          std::size_t ldo, float kv_scale,
+                                                                          const RowStream<Arch>* stream, std::size_t ahead_first,
+                                                                          std::size_t ahead_rows) noexcept {
+    __m512 acc[MR][4];
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (std::size_t a = 0; a < 4; ++a) acc[i][a] = _mm512_setzero_ps();
+    for (std::size_t k0 = 0; k0 < e; k0 += 16) {
+        const std::size_t k1 = min_size(k0 + 16, e);
+        if (stream != nullptr) read_ahead<Arch>(*stream, ahead_first + k0 * ahead_rows / e, ahead_first + k1 * ahead_rows / e);
+        for (std::size_t k = k0; k < k1; k += 2) {
+            const __m512i x = _mm512_loadu_si512(rows[k] + c0), z = _mm512_loadu_si512(rows[k + 1] + c0);
+            __m512i w[4];
+            fp8_words<E>(_mm512_unpacklo_epi8(x, z), w[0], w[1]);
+            fp8_words<E>(_mm512_unpackhi_epi8(x, z), w[2], w[3]);
+#pragma GCC unroll 4
+            for (std::size_t i = 0; i < MR; ++i) {
+                std::int32_t two;  // P of the pair's two rows (the first in the low half)
+                std::memcpy(&two, pb + i * kBf16ChunkSlots + k, 4);
+                const __m512i pair = _mm512_set1_epi32(two);
+#pragma GCC unroll 4
+                for (std::size_t a = 0; a < 4; ++a) acc[i][a] = dot_pairs<Arch>(acc[i][a], pair, w[a]);
+            }
+        }
+    }
+    const __m512 vs = _mm512_set1_ps(kv_scale);
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < MR; ++i) {
+        // The 4 × 4 transpose of 128-bit blocks: output block k = (acc0, acc1, acc2, acc3)'s block k.
+        const __m512 t0 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0x44), t1 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0x44);
+        const __m512 t2 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0xEE), t3 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0xEE);
+        const __m512 r[4] = {_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD),
+                             _mm512_shuffle_f32x4(t2, t3, 0x88), _mm512_shuffle_f32x4(t2, t3, 0xDD)};
+        float* oi = o + i * ldo + c0;
+#pragma GCC unroll 4
+        for (std::size_t b = 0; b < 4; ++b) _mm512_storeu_ps(oi + 16 * b, _mm512_fmadd_ps(vs, r[b], _mm512_loadu_ps(oi + 16 * b)));
+    }
+}
+
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(ConstMatrix p, const BlockedRows<E>& v, Matrix o,
                                                                              const RowStream<Arch>& stream,
@@ -301,6 +443,9 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(Cons
                 std::size_t ahead_rows) {
                 float* om = o.data + m0 * o.stride;
                 const std::uint16_t* pt = pb + m0 * kBf16ChunkSlots;
+                if constexpr (kFp8Rows<E>) {
+                    if (blocks == 2) return fp8_pv_tile<Arch, E, decltype(MR)::value>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
+                }
                 if (blocks == 2)
                     bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
                 else
@@ -315,6 +460,7 @@ void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const
     accumulate_bf16_dot_impl<Arch, E>(p, v, o, stream, kv_scale);
 }
 #undef MHA_BF16_DOT_TARGET
+#undef MHA_FP8_DOT_TARGET
 #endif
 
 }  // namespace mha::simd::decode_detail
