@@ -233,6 +233,7 @@ MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_dot_tile(cons
 
 // q's bf16 row of d values (a multiple of 32) into dp = d rounded up to 64, in fp8_words' order of the codes: per
 // group of 64 columns, first columns 16k + i, then 16k + 8 + i (k < 4, i < 8); columns past d zero.
+template <class Arch>
 MHA_FP8_DOT_TARGET inline void fp8_query_order(const std::uint16_t* q, std::size_t d, std::uint16_t* y) noexcept {
     alignas(64) static constexpr std::uint16_t kFirst[32] = {0,  1,  2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
                                                              32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55};
@@ -257,7 +258,7 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
     const std::size_t dp = kFp8 ? (d + 63) / 64 * 64 : d;
     for (std::size_t m = 0; m < M; ++m) {
         narrow_to_bf16<Arch>(q.data + m * q.stride, d, qb + m * dp);
-        if constexpr (kFp8) fp8_query_order(qb + m * dp, d, qb + m * dp);
+        if constexpr (kFp8) fp8_query_order<Arch>(qb + m * dp, d, qb + m * dp);
     }
     const unsigned char* rows[16 + 3];
     for (std::size_t j = 0, kr = 0; j < n; j += kr) {
