@@ -112,7 +112,8 @@ MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512 dot_pairs(__m51
 // 32 elements of a K / V row of E at column c as bf16: bf16 rows loaded, fp32 rows rounded (vcvtne2ps2bf16; exact
 // for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same bits), fp8 codes
 // looked up: sign-extended to 16 bits, the magnitude's bf16 by two vpermt2w (codes 0..63 and 64..127, picked by
-// bit 6), the sign or'ed in (6 instructions per 32 codes where widening to fp32 took 16).
+// bit 6), the sign or'ed in. fp8 comes here only in the P·V tile of 32 columns (the end of d); the other fp8
+// tiles convert 64 codes at a time by fp8_words.
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512i row32(const unsigned char* row, std::size_t c) noexcept {
     if constexpr (std::is_same_v<E, bfloat16>) {
@@ -154,6 +155,28 @@ inline __attribute__((always_inline)) __m512 block_sums(__m512 v0, __m512 v1, __
     return _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xEE));
 }
 
+// The 16 sums of a 4 × 4 tile's accumulators (rows past QR: zeros), lane 4m + j holding row m and key j.
+template <class Arch, std::size_t QR>
+inline __attribute__((always_inline)) __m512 tile_sums(const __m512 (&acc)[QR][4]) noexcept {
+    __m512 u[4];
+#pragma GCC unroll 4
+    for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+
+// s[m, j] = lane 4m + j of sums for m < QR, j < kr. Each row's 128-bit lane stored from the register (through a
+// stack copy, the narrower reloads at other offsets missed store forwarding: a third of the tile's time).
+template <class Arch, std::size_t QR>
+inline __attribute__((always_inline)) void store_tile(__m512 sums, std::size_t kr, float* s, std::size_t lds) noexcept {
+    const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
+    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(sums));
+    if constexpr (QR > 1) _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(sums, 1));
+    if constexpr (QR > 2) _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(sums, 2));
+    if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
+}
+
 // s[m, j] for m < QR, j < kr (<= 4) of query rows q (bf16, d apart) against keys rows[0..3] (past kr: repeats).
 template <class Arch, class E, std::size_t QR>
 MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(const std::uint16_t* q, std::size_t d,
@@ -175,20 +198,7 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_dot_tile(co
             for (std::size_t j = 0; j < 4; ++j) acc[m][j] = dot_pairs<Arch>(acc[m][j], qv, k[j]);
         }
     }
-    __m512 u[4];
-#pragma GCC unroll 4
-    for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
-    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
-    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-    const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                                                          _mm512_shuffle_f32x4(w01, w23, 0xDD)));
-    // Lane 4m + j: s[m, j]. Each row's 128-bit lane stored from the register (through a stack copy, the narrower
-    // reloads at other offsets missed store forwarding: a third of the tile's time).
-    const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
-    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(sums));
-    if constexpr (QR > 1) _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(sums, 1));
-    if constexpr (QR > 2) _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(sums, 2));
-    if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
+    store_tile<Arch, QR>(_mm512_mul_ps(_mm512_set1_ps(scale), tile_sums<Arch, QR>(acc)), kr, s, lds);
 }
 
 // The fp8 scores tile: as bf16_dot_tile, along d in groups of 64 codes (a group of 32 at the end of d reads as 64
@@ -216,19 +226,8 @@ MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_dot_tile(cons
             for (std::size_t j = 0; j < 4; ++j) acc[m][j] = dot_pairs<Arch>(dot_pairs<Arch>(acc[m][j], q0, k0[j]), q1, k1[j]);
         }
     }
-    __m512 u[4];
-#pragma GCC unroll 4
-    for (std::size_t m = 0; m < 4; ++m) u[m] = m < QR ? block_sums<Arch>(acc[m][0], acc[m][1], acc[m][2], acc[m][3]) : _mm512_setzero_ps();
-    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
-    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-    const __m512 sums = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                                                                      _mm512_shuffle_f32x4(w01, w23, 0xDD))),
-                                      _mm512_set1_ps(kv_scale));
-    const __mmask8 keep = static_cast<__mmask8>((1u << kr) - 1u);
-    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(sums));
-    if constexpr (QR > 1) _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(sums, 1));
-    if constexpr (QR > 2) _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(sums, 2));
-    if constexpr (QR > 3) _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(sums, 3));
+    const __m512 sums = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(scale), tile_sums<Arch, QR>(acc)), _mm512_set1_ps(kv_scale));
+    store_tile<Arch, QR>(sums, kr, s, lds);
 }
 
 // q's bf16 row of d values (a multiple of 32) into dp = d rounded up to 64, in fp8_words' order of the codes: per
