@@ -499,7 +499,7 @@ TEST_F(Bf16DecodeDot, WhereTheKernelsRun) {
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(32, 512));  // M·d above kDotMaxQueryValues
     EXPECT_FALSE(mha::simd::bf16_decode_on_dot_products(0, 64));
 #if defined(__x86_64__)
-    EXPECT_EQ(mha::simd::fp8_decode_on_dot_products(4, 128), __builtin_cpu_supports("avx512vbmi") != 0);
+    EXPECT_EQ(mha::simd::fp8_decode_on_dot_products(4, 128), __builtin_cpu_supports("avx512vbmi") != 0);  // an independent check
 #endif
     EXPECT_FALSE(mha::simd::fp8_decode_on_dot_products(4, 80));
     mha::set_isa_cap(mha::Isa::avx512);

@@ -2,19 +2,15 @@
 // atomic load) and run that ISA's kernel for the K / V element type. Baseline TU: it only calls the kernels
 // the ISA TUs instantiated.
 #include "decode.hpp"
+#include "cpu_features.hpp"
 #include "simd.hpp"
 
 namespace mha::simd {
 
 bool int8_scores_on_dot_products(std::size_t M, std::size_t d) noexcept {
-#if defined(__x86_64__)
     // AVX512_VNNI implies nothing about the OS state: the avx512_bf16 level (checked with it) does.
-    static const bool vnni = __builtin_cpu_supports("avx512vnni") != 0;
-    return vnni && active_isa() == Isa::avx512_bf16 && M != 0 && d != 0 && d % 64 == 0 && M * d <= kDotMaxQueryValues;
-#else
-    (void)M, (void)d;
-    return false;
-#endif
+    return cpu_has_avx512_vnni() && active_isa() == Isa::avx512_bf16 && M != 0 && d != 0 && d % 64 == 0 &&
+           M * d <= kDotMaxQueryValues;
 }
 
 bool int8_values_on_dot_products(std::size_t d) noexcept {
@@ -27,14 +23,8 @@ bool bf16_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
 }
 
 bool fp8_decode_on_dot_products(std::size_t M, std::size_t d) noexcept {
-#if defined(__x86_64__)
     // AVX512_VBMI implies nothing about the OS state: the avx512_bf16 level (checked with it) does.
-    static const bool vbmi = __builtin_cpu_supports("avx512vbmi") != 0;
-    return vbmi && bf16_decode_on_dot_products(M, d);
-#else
-    (void)M, (void)d;
-    return false;
-#endif
+    return cpu_has_avx512_vbmi() && bf16_decode_on_dot_products(M, d);
 }
 
 #define MHA_DECODE_BF16_DEFINE_(E)                                                                                  \

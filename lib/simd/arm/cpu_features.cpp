@@ -3,6 +3,7 @@
 #include <sys/auxv.h>
 
 #include "mha/isa.hpp"
+#include "../cpu_features.hpp"
 
 namespace mha {
 
@@ -14,5 +15,10 @@ Isa detected_isa() noexcept {
     static const Isa best = (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0 ? Isa::neon_bf16 : Isa::neon;
     return best;
 }
+
+namespace simd {
+bool cpu_has_avx512_vnni() noexcept { return false; }
+bool cpu_has_avx512_vbmi() noexcept { return false; }
+}  // namespace simd
 
 }  // namespace mha

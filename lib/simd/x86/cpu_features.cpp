@@ -1,10 +1,12 @@
-// mha::detected_isa() on x86: cpuid and the OS-enabled register state in XCR0. The only place in the
-// library that asks the CPU what it has (lib/core/isa.cpp caps it; lib/simd/generic/ is the other targets').
+// mha::detected_isa() on x86: cpuid and the OS-enabled register state in XCR0; and the extensions of
+// lib/simd/cpu_features.hpp. The only place in the library that asks the CPU what it has (lib/core/isa.cpp
+// caps it; lib/simd/generic/ and lib/simd/arm/ are the other targets').
 #include <cpuid.h>
 
 #include <cstdint>
 
 #include "mha/isa.hpp"
+#include "../cpu_features.hpp"
 
 namespace mha {
 
@@ -35,5 +37,24 @@ Isa detected_isa() noexcept {
     }();
     return best;
 }
+
+namespace simd {
+namespace {
+// cpuid leaf 7 sub-leaf 0, ECX bit `bit`.
+bool leaf7_ecx(unsigned bit) noexcept {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ecx >> bit & 1) != 0;
+}
+}  // namespace
+
+bool cpu_has_avx512_vnni() noexcept {
+    static const bool has = leaf7_ecx(11);
+    return has;
+}
+bool cpu_has_avx512_vbmi() noexcept {
+    static const bool has = leaf7_ecx(1);
+    return has;
+}
+}  // namespace simd
 
 }  // namespace mha
