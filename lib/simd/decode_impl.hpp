@@ -33,9 +33,9 @@
 //   L1), then query tiles, then column tiles; the first tile reads the chunk from memory, the others
 //   from L1. int8 V: columns in slices of kFoldCols outermost, chunks of at most kFoldKeys rows, and per chunk
 //   and query tile P times each block's scales into a [block][row][kFoldKeys] buffer the tiles read.
-// Memory order: from memory, rows are read ahead by software prefetch (into L1) a fixed distance ahead of
-//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more; fp32,
-//   16-bit and int8 in short blocks also into L2 as far again ahead, read_ahead.hpp), in the caller's reading
+// Memory order: from memory, rows are read ahead by software prefetch (into L2) a fixed distance ahead of
+//   the rows the tiles use (kAheadBytes, at least a tile; at most 16 rows or the rows ahead, if more;
+//   read_ahead.hpp), in the caller's reading
 //   order: past the kernel's own rows into RowsAhead, the rows the caller reads next (the next block of a paged
 //   cache, or V after K). The tiles' own order (4 key rows at once, or a column slice of each V row) streams far
 //   slower through the hardware prefetchers, and they restart at every block of a paged cache and fetch past
@@ -93,8 +93,10 @@ constexpr std::size_t kFewQueryTiles = 2;
 // Distance of the read-ahead, in bytes of rows (see the header), and its cap in rows where fewer rows are
 // ahead (a paged cache's smallest block; row_stream). Capped at 16 rows whatever the rows ahead, 16-bit and
 // 8-bit rows were read only 4 KB / 2 KB ahead: on one Zen 5 core the bf16 core of 16 decodes around 2048 keys
-// in blocks of 64 took 6.21 ms, 4.89 with 32 rows ahead (int8 6.09 -> 5.12).
-constexpr std::size_t kAheadBytes = 8192;
+// in blocks of 64 took 6.21 ms, 4.89 with 32 rows ahead (int8 6.09 -> 5.12). Until stop 56 rows went into L1 at
+// 8 KB and (fp32, 16-bit) into L2 at 16 KB; on one Zen 4 core the L1 prefetches stalled the kernels once the
+// miss buffers filled, and L2 alone at 16 KB measured faster for every row type (docs/kv-cache-types.md, stop 56).
+constexpr std::size_t kAheadBytes = 16384;
 constexpr std::size_t kAheadMaxRows = 16;
 }  // namespace
 
@@ -545,7 +547,7 @@ struct RowReader<Arch, T, std::enable_if_t<(std::is_same_v<T, fp8_e4m3> || std::
 };
 
 // The V rows an accumulate tile brings in as it goes, at its iteration i: row `ahead_first + i` of the
-// stream into L1 (i < n_ahead), and `prefetch` rows (of the next chunk) into L2.
+// stream into L2 (i < n_ahead), and `prefetch` rows (of the next chunk) into L2.
 template <class Arch>
 struct RowPlan {
     const RowStream<Arch>* stream = nullptr;

@@ -1,26 +1,16 @@
 // Software read-ahead for the decode kernels (decode_impl.hpp): the stream of
-// rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L1 a fixed
-// distance ahead in it (fp32, 16-bit and, in short blocks, int8 rows also into L2, further on). Templates on
-// Arch, so that no copy compiled with one ISA's flags serves another's path.
+// rows a kernel reads — its own rows, then the caller's next rows (RowsAhead) — and prefetches into L2 a fixed
+// distance ahead in it; the hardware's L1 prefetcher brings the lines on from there. Templates on Arch, so that
+// no copy compiled with one ISA's flags serves another's path.
 #pragma once
 #include <cstddef>
-#include <type_traits>
 
-#include "mha/quantized.hpp"
 #include "mha/view.hpp"
 #include "rows_ahead.hpp"
 
 namespace mha::simd::decode_detail {
 
-// Asks for each cache line of the row's `bytes` bytes to be brought into L1 (bytes > 0). Never faults.
-template <class Arch>
-inline __attribute__((always_inline)) void prefetch_row_l1(const void* row, std::size_t bytes) noexcept {
-    const char* t = static_cast<const char*>(row);
-    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(t + b, 0, 3);
-    __builtin_prefetch(t + bytes - 1, 0, 3);
-}
-
-// The same into L2.
+// Asks for each cache line of the row's `bytes` bytes to be brought into L2 (bytes > 0). Never faults.
 template <class Arch>
 inline __attribute__((always_inline)) void prefetch_row_l2(const void* row, std::size_t bytes) noexcept {
     const char* t = static_cast<const char*>(row);
@@ -73,8 +63,7 @@ struct RowStream {
     std::size_t n = 0, ld = 0, bytes = 0;
     BlockMap blocks;
     RowsAhead ahead;
-    std::size_t distance = 0;  // rows read ahead into L1
-    std::size_t l2_more = 0;   // rows further ahead that read_ahead also brings into L2 (0: none)
+    std::size_t distance = 0;  // rows read ahead into L2
     inline __attribute__((always_inline)) const char* row(std::size_t i) const noexcept {
         if (i < n) return row_address<Arch>(own, ld, blocks, i);
         i -= n;
@@ -82,9 +71,6 @@ struct RowStream {
                               : nullptr;
     }
 };
-
-// int8 rows are also read ahead into L2 only in blocks of fewer rows than this (row_stream).
-inline constexpr std::size_t kInt8L2MaxRunRows = 128;
 
 // The stream of x's rows (row_bytes bytes each) then ahead's (ignored unless its rows are as long), read ahead
 // by about ahead_bytes, at least 4 rows and at most the larger of max_rows (the smallest run a caller has: a
@@ -103,34 +89,17 @@ inline __attribute__((always_inline)) RowStream<Arch> row_stream(const BlockedRo
         const bool open = r.ahead.data == nullptr || r.ahead.blocks.table != nullptr;
         const std::size_t cap = open ? rows : r.ahead.rows > max_rows ? r.ahead.rows : max_rows;
         r.distance = rows < 4 ? 4 : rows > cap ? cap : rows;
-        // Rows also go into L2 as far again ahead: more lines in flight than L1's misses allow. fp32, one Zen 5
-        // core, attention core of 16 decodes of 2048 keys, 5 alternating rounds: blocks of 16 / 64 / 256 keys
-        // 12.09 / 10.08 / 8.69 -> 9.19 / 8.55 / 7.92 ms, ragged lengths 9.89 -> 8.72 ms (twice and four times as far
-        // measured no better). bf16 measured worse there (twice as far, 16 ragged decodes: 4.75-4.88 -> 5.21-5.38
-        // ms), and better on one Zen 4 core (stop 53, 16 ragged decodes in blocks of 64: bf16 12.1-12.6 -> 9.7-9.9
-        // ms; one sequence of 32768 keys in blocks of 256: 10.7 -> 9.9 ms). int8 rows on that core gain only in
-        // runs shorter than kInt8L2MaxRunRows, where the L1 prefetches alone stalled the scores kernel (one
-        // sequence of 32768 keys, three rounds, L2 off -> on: blocks of 16 8.3-8.8 -> 6.7-6.8 ms, 64 7.9-8.3 ->
-        // 6.5-6.7, 128 6.3-6.6 -> 6.4-6.5, 256 6.0-6.3 -> 6.5). fp8 rows, widened by the longest instruction
-        // sequences, are compute-bound and lose (e4m3, 16 ragged decodes in blocks of 64: 10.5-10.7 -> 11.3-11.5 ms).
-        if constexpr (std::is_same_v<E, qint8>) {
-            if (x.blocks.table != nullptr && (std::size_t{1} << x.blocks.shift) < kInt8L2MaxRunRows) r.l2_more = r.distance;
-        } else if constexpr (!std::is_same_v<E, fp8_e4m3> && !std::is_same_v<E, fp8_e5m2>) {
-            r.l2_more = r.distance;
-        }
     }
     return r;
 }
 
-// Prefetches rows [lo, hi) of the stream into L1 (those that exist).
+// Prefetches rows [lo, hi) of the stream into L2 (those that exist).
 template <class Arch>
 inline __attribute__((always_inline)) void read_ahead(const RowStream<Arch>& s, std::size_t lo, std::size_t hi) noexcept {
     for (std::size_t i = lo; i < hi; ++i) {
         const char* r = s.row(i);
         if (r == nullptr) return;
-        prefetch_row_l1<Arch>(r, s.bytes);
-        if (s.l2_more != 0)
-            if (const char* further = s.row(i + s.l2_more); further != nullptr) prefetch_row_l2<Arch>(further, s.bytes);
+        prefetch_row_l2<Arch>(r, s.bytes);
     }
 }
 
