@@ -103,10 +103,10 @@ private:
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
         // bf16 compute over a bf16 cache (or an f32 one, which holds the rounded rows, or an fp8 one, whose codes are
         // bf16 values): the products on vdpbf16ps where the CPU has it (simd.hpp).
-        constexpr bool kBf16 = std::is_same_v<E, bfloat16> || std::is_same_v<E, float> || std::is_same_v<E, fp8_e4m3> ||
+        constexpr bool kBf16Values = std::is_same_v<E, bfloat16> || std::is_same_v<E, float> || std::is_same_v<E, fp8_e4m3> ||
                                std::is_same_v<E, fp8_e5m2>;
-        const bool dot16 = kBf16 && rounds_to_bf16(c_.operands);
-        if constexpr (kBf16) {
+        const bool dot16 = kBf16Values && rounds_to_bf16(c_.operands);
+        if constexpr (kBf16Values) {
             if (dot16)
                 simd::decode_scores_bf16(c_.p.scale, q, c_.keys.blocked_rows<E>(b, kvh, j0, j_end), st,
                                          c_.values.rows_ahead(b, kvh, j0, j_end), c_.keys.scale);
@@ -131,7 +131,7 @@ private:
                 c_.accumulate_unmasked(b, kvh * c_.G + t, 0, j0, ConstMatrix(st.row_block(t * Lq, Lq)), o.row_block(t * Lq, Lq));
             return;
         }
-        if constexpr (kBf16) {
+        if constexpr (kBf16Values) {
             if (dot16)
                 return simd::decode_accumulate_bf16(ConstMatrix(st), c_.values.blocked_rows<E>(b, kvh, j0, j_end), o, next,
                                                     c_.values.scale);

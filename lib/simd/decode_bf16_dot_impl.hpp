@@ -38,6 +38,12 @@ void accumulate_bf16_dot(ConstMatrix p, const BlockedRows<E>& v, Matrix o, const
 template <class E>
 inline constexpr bool kFp8Rows = std::is_same_v<E, fp8_e4m3> || std::is_same_v<E, fp8_e5m2>;
 
+// Whether M query rows of d columns over rows of E run on these kernels (fp8 rows also need VBMI: decode.hpp).
+template <class E>
+inline bool runs_on_bf16_dot_products(std::size_t M, std::size_t d) noexcept {
+    return kFp8Rows<E> ? fp8_decode_on_dot_products(M, d) : bf16_decode_on_dot_products(M, d);
+}
+
 // The bf16 bits of the fp8 code `magnitude` (0..127, the sign bit clear) of E: every finite code is a bf16
 // value (3 or 2 mantissa bits; subnormals normalized), NaN codes give 0x7FC0 and e5m2's infinity 0x7F80.
 template <class E>
@@ -62,18 +68,8 @@ constexpr std::uint16_t fp8_magnitude_bf16(unsigned magnitude) noexcept {
     return static_cast<std::uint16_t>((static_cast<unsigned>(field) << 7) | (m << (7 - mbits)));
 }
 
-// fp8_magnitude_bf16 of the codes 0..127, as four registers of 32 (the lookup's operands).
-template <class E>
-struct Fp8Bf16Table {
-    alignas(64) std::uint16_t bits[128];
-    constexpr Fp8Bf16Table() noexcept : bits{} {
-        for (unsigned c = 0; c < 128; ++c) bits[c] = fp8_magnitude_bf16<E>(c);
-    }
-};
-template <class E>
-inline constexpr Fp8Bf16Table<E> kFp8Bf16Table{};
-
-// The same as bytes: low[c] and high[c] the low and high byte of fp8_magnitude_bf16(c) (the operands of vpermi2b).
+// fp8_magnitude_bf16 of the codes 0..127 as bytes: low[c] and high[c] its low and high byte (the operands of
+// vpermi2b).
 template <class E>
 struct Fp8Bf16Bytes {
     alignas(64) std::uint8_t low[128];
@@ -109,23 +105,14 @@ MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512 dot_pairs(__m51
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-// 32 elements of a K / V row of E at column c as bf16: bf16 rows loaded, fp32 rows rounded (vcvtne2ps2bf16; exact
-// for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same bits), fp8 codes
-// looked up: sign-extended to 16 bits, the magnitude's bf16 by two vpermt2w (codes 0..63 and 64..127, picked by
-// bit 6), the sign or'ed in. fp8 comes here only in the P·V tile of 32 columns (the end of d); the other fp8
-// tiles convert 64 codes at a time by fp8_words.
+// 32 elements of a bf16 or fp32 K / V row at column c as bf16: bf16 rows loaded, fp32 rows rounded
+// (vcvtne2ps2bf16; exact for the bf16 values that bf16 compute stores in an f32 cache, so both caches give the same
+// bits). fp8 rows are converted by fp8_words.
 template <class Arch, class E>
 MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) __m512i row32(const unsigned char* row, std::size_t c) noexcept {
+    static_assert(std::is_same_v<E, bfloat16> || std::is_same_v<E, float>);
     if constexpr (std::is_same_v<E, bfloat16>) {
         return _mm512_loadu_si512(row + 2 * c);
-    } else if constexpr (kFp8Rows<E>) {
-        const std::uint16_t* t = kFp8Bf16Table<E>.bits;
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-        const __m512i w = _mm512_cvtepi8_epi16(b);
-        const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(t), w, _mm512_load_si512(t + 32));
-        const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(t + 64), w, _mm512_load_si512(t + 96));
-        const __m512i magnitude = _mm512_mask_mov_epi16(low, _mm256_test_epi8_mask(b, _mm256_set1_epi8(0x40)), high);
-        return _mm512_ternarylogic_epi32(magnitude, w, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);  // a | (b & c)
     } else {
         const float* f = reinterpret_cast<const float*>(row) + c;
         return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
@@ -276,13 +263,13 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void scores_bf16_dot_impl(float sc
                         case 3: fp8_dot_tile<Arch, E, 3>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
                         default: fp8_dot_tile<Arch, E, 4>(qb + m * dp, d, dp, rows + t, tk, scale, kv_scale, st, s.stride); break;
                     }
-                    continue;
-                }
-                switch (min_size(4, M - m)) {
-                    case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
-                    default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                } else {
+                    switch (min_size(4, M - m)) {
+                        case 1: bf16_dot_tile<Arch, E, 1>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                        case 2: bf16_dot_tile<Arch, E, 2>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                        case 3: bf16_dot_tile<Arch, E, 3>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                        default: bf16_dot_tile<Arch, E, 4>(qb + m * d, d, rows + t, tk, scale, st, s.stride); break;
+                    }
                 }
             }
         }
@@ -304,12 +291,11 @@ inline constexpr std::size_t kBf16ChunkSlots = kBf16Chunk + 2;
 
 // o[m, c0 + c] for m < MR, c < 32·NB += the chunk's pairs: rows[0, e) (e even; zero rows where the chunk has none),
 // pb[m·kBf16ChunkSlots + i]: P of entry i as bf16. Reads ahead rows [ahead_first, ahead_first + ahead_rows) of the
-// stream, spread over the entries.
+// stream, spread over the entries. bf16 and fp32 rows.
 template <class Arch, class E, std::size_t MR, std::size_t NB>
 MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(const unsigned char* const* rows, std::size_t e,
                                                                             const std::uint16_t* pb, std::size_t c0, float* o,
-                                                                            std::size_t ldo, float kv_scale,
-                                                                            const RowStream<Arch>* stream,
+                                                                            std::size_t ldo, const RowStream<Arch>* stream,
                                                                             std::size_t ahead_first, std::size_t ahead_rows) noexcept {
     // Lane 4k + i of `lo` holds column 8k + i of the 32, of `hi` column 8k + 4 + i (k: the 128-bit block).
     const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
@@ -319,14 +305,10 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
     for (std::size_t i = 0; i < MR; ++i)
 #pragma GCC unroll 2
         for (std::size_t b = 0; b < NB; ++b) {
-            if constexpr (kFp8Rows<E>) {
-                lo[i][b] = hi[i][b] = _mm512_setzero_ps();
-            } else {
-                const float* oi = o + i * ldo + c0 + 32 * b;
-                const __m512 n0 = _mm512_loadu_ps(oi), n1 = _mm512_loadu_ps(oi + 16);
-                lo[i][b] = _mm512_permutex2var_ps(n0, to_lo, n1);
-                hi[i][b] = _mm512_permutex2var_ps(n0, to_hi, n1);
-            }
+            const float* oi = o + i * ldo + c0 + 32 * b;
+            const __m512 n0 = _mm512_loadu_ps(oi), n1 = _mm512_loadu_ps(oi + 16);
+            lo[i][b] = _mm512_permutex2var_ps(n0, to_lo, n1);
+            hi[i][b] = _mm512_permutex2var_ps(n0, to_hi, n1);
         }
     for (std::size_t k0 = 0; k0 < e; k0 += 16) {
         const std::size_t k1 = min_size(k0 + 16, e);
@@ -359,60 +341,74 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
 #pragma GCC unroll 2
         for (std::size_t b = 0; b < NB; ++b) {
             float* oi = o + i * ldo + c0 + 32 * b;
-            __m512 r0 = _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]), r1 = _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]);
-            if constexpr (kFp8Rows<E>) {
-                const __m512 vs = _mm512_set1_ps(kv_scale);
-                r0 = _mm512_fmadd_ps(vs, r0, _mm512_loadu_ps(oi));
-                r1 = _mm512_fmadd_ps(vs, r1, _mm512_loadu_ps(oi + 16));
-            }
-            _mm512_storeu_ps(oi, r0);
-            _mm512_storeu_ps(oi + 16, r1);
+            _mm512_storeu_ps(oi, _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]));
+            _mm512_storeu_ps(oi + 16, _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]));
         }
 }
 
-// The fp8 P·V tile of 64 columns (NB 2), codes converted by fp8_words: the two rows of a pair interleaved by bytes
-// first, so that fp8_words gives the pairs directly: accumulator a holds column 16k + 4a + i in lane 4k + i. Each
-// column's lane takes the same pairs in the same order as in bf16_pv_tile (the same bits). o += kv_scale·sum.
-template <class Arch, class E, std::size_t MR>
+// The fp8 P·V tile of 32·NB columns (NB 1 or 2), codes converted by fp8_words, the two rows of a pair interleaved
+// by bytes first so that fp8_words gives the pairs directly. NB 2: accumulator a holds column 16k + 4a + i in lane
+// 4k + i; NB 1: the 128-bit blocks ordered so that accumulator 0 holds column 8k + i, 1 column 8k + 4 + i, as
+// bf16_pv_tile's lo and hi. Each column's lane takes the same pairs in the same order in both (the same bits).
+// o += kv_scale·sum.
+template <class Arch, class E, std::size_t MR, std::size_t NB>
 MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_pv_tile(const unsigned char* const* rows, std::size_t e,
                                                                           const std::uint16_t* pb, std::size_t c0, float* o,
                                                                           std::size_t ldo, float kv_scale,
                                                                           const RowStream<Arch>* stream, std::size_t ahead_first,
                                                                           std::size_t ahead_rows) noexcept {
-    __m512 acc[MR][4];
+    static_assert(NB == 1 || NB == 2);
+    constexpr std::size_t NA = 2 * NB;  // accumulators per query row
+    __m512 acc[MR][NA];
 #pragma GCC unroll 4
     for (std::size_t i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-        for (std::size_t a = 0; a < 4; ++a) acc[i][a] = _mm512_setzero_ps();
+        for (std::size_t a = 0; a < NA; ++a) acc[i][a] = _mm512_setzero_ps();
     for (std::size_t k0 = 0; k0 < e; k0 += 16) {
         const std::size_t k1 = min_size(k0 + 16, e);
         if (stream != nullptr) read_ahead<Arch>(*stream, ahead_first + k0 * ahead_rows / e, ahead_first + k1 * ahead_rows / e);
         for (std::size_t k = k0; k < k1; k += 2) {
-            const __m512i x = _mm512_loadu_si512(rows[k] + c0), z = _mm512_loadu_si512(rows[k + 1] + c0);
-            __m512i w[4];
-            fp8_words<E>(_mm512_unpacklo_epi8(x, z), w[0], w[1]);
-            fp8_words<E>(_mm512_unpackhi_epi8(x, z), w[2], w[3]);
+            __m512i w[NA];
+            if constexpr (NB == 2) {
+                const __m512i x = _mm512_loadu_si512(rows[k] + c0), z = _mm512_loadu_si512(rows[k + 1] + c0);
+                fp8_words<E>(_mm512_unpacklo_epi8(x, z), w[0], w[1]);
+                fp8_words<E>(_mm512_unpackhi_epi8(x, z), w[2], w[3]);
+            } else {
+                // Block k of the interleaved bytes: columns 8k .. 8k + 7 of both rows.
+                const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + c0));
+                const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 1] + c0));
+                const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi8(x, z)), _mm256_unpackhi_epi8(x, z), 1);
+                fp8_words<E>(_mm512_shuffle_i64x2(both, both, 0xD8), w[0], w[1]);
+            }
 #pragma GCC unroll 4
             for (std::size_t i = 0; i < MR; ++i) {
                 std::int32_t two;  // P of the pair's two rows (the first in the low half)
                 std::memcpy(&two, pb + i * kBf16ChunkSlots + k, 4);
                 const __m512i pair = _mm512_set1_epi32(two);
 #pragma GCC unroll 4
-                for (std::size_t a = 0; a < 4; ++a) acc[i][a] = dot_pairs<Arch>(acc[i][a], pair, w[a]);
+                for (std::size_t a = 0; a < NA; ++a) acc[i][a] = dot_pairs<Arch>(acc[i][a], pair, w[a]);
             }
         }
     }
     const __m512 vs = _mm512_set1_ps(kv_scale);
 #pragma GCC unroll 4
     for (std::size_t i = 0; i < MR; ++i) {
-        // The 4 × 4 transpose of 128-bit blocks: output block k = (acc0, acc1, acc2, acc3)'s block k.
-        const __m512 t0 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0x44), t1 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0x44);
-        const __m512 t2 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0xEE), t3 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0xEE);
-        const __m512 r[4] = {_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD),
-                             _mm512_shuffle_f32x4(t2, t3, 0x88), _mm512_shuffle_f32x4(t2, t3, 0xDD)};
         float* oi = o + i * ldo + c0;
+        if constexpr (NB == 2) {
+            // The 4 × 4 transpose of 128-bit blocks: output block k = (acc0, acc1, acc2, acc3)'s block k.
+            const __m512 t0 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0x44), t1 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0x44);
+            const __m512 t2 = _mm512_shuffle_f32x4(acc[i][0], acc[i][1], 0xEE), t3 = _mm512_shuffle_f32x4(acc[i][2], acc[i][3], 0xEE);
+            const __m512 r[4] = {_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD),
+                                 _mm512_shuffle_f32x4(t2, t3, 0x88), _mm512_shuffle_f32x4(t2, t3, 0xDD)};
 #pragma GCC unroll 4
-        for (std::size_t b = 0; b < 4; ++b) _mm512_storeu_ps(oi + 16 * b, _mm512_fmadd_ps(vs, r[b], _mm512_loadu_ps(oi + 16 * b)));
+            for (std::size_t b = 0; b < 4; ++b) _mm512_storeu_ps(oi + 16 * b, _mm512_fmadd_ps(vs, r[b], _mm512_loadu_ps(oi + 16 * b)));
+        } else {
+            const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+            const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+            const __m512 r0 = _mm512_permutex2var_ps(acc[i][0], back0, acc[i][1]), r1 = _mm512_permutex2var_ps(acc[i][0], back1, acc[i][1]);
+            _mm512_storeu_ps(oi, _mm512_fmadd_ps(vs, r0, _mm512_loadu_ps(oi)));
+            _mm512_storeu_ps(oi + 16, _mm512_fmadd_ps(vs, r1, _mm512_loadu_ps(oi + 16)));
+        }
     }
 }
 
@@ -444,12 +440,15 @@ MHA_BF16_DOT_TARGET __attribute__((noinline)) void accumulate_bf16_dot_impl(Cons
                 float* om = o.data + m0 * o.stride;
                 const std::uint16_t* pt = pb + m0 * kBf16ChunkSlots;
                 if constexpr (kFp8Rows<E>) {
-                    if (blocks == 2) return fp8_pv_tile<Arch, E, decltype(MR)::value>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
+                    if (blocks == 2)
+                        fp8_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
+                    else
+                        fp8_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
+                } else if (blocks == 2) {
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
+                } else {
+                    bf16_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, rs, af, ahead_rows);
                 }
-                if (blocks == 2)
-                    bf16_pv_tile<Arch, E, decltype(MR)::value, 2>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
-                else
-                    bf16_pv_tile<Arch, E, decltype(MR)::value, 1>(rows, e, pt, c, om, o.stride, kv_scale, rs, af, ahead_rows);
             });
     }
 }

@@ -1194,7 +1194,7 @@ void decode_scores_bf16_kernel::operator()(Arch arch, float scale, ConstMatrix q
                                            const RowsAhead& ahead, float kv_scale) const noexcept {
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         using namespace decode_detail;
-        if (k.rows != 0 && (kFp8Rows<E> ? fp8_decode_on_dot_products(q.rows, q.cols) : bf16_decode_on_dot_products(q.rows, q.cols))) {
+        if (k.rows != 0 && runs_on_bf16_dot_products<E>(q.rows, q.cols)) {
             const RowStream<Arch> stream = row_stream<Arch>(k, row_storage_bytes<E>(q.cols), ahead, kAheadBytes, kAheadMaxRows);
             read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
             return scores_bf16_dot<Arch, E>(scale, q, k, s, stream, kv_scale);
@@ -1208,7 +1208,7 @@ void decode_accumulate_bf16_kernel::operator()(Arch arch, ConstMatrix p, Blocked
                                                const RowsAhead& ahead, float kv_scale) const noexcept {
     if constexpr (std::is_same_v<Arch, arch_avx512>) {
         using namespace decode_detail;
-        if (v.rows != 0 && (kFp8Rows<E> ? fp8_decode_on_dot_products(o.rows, o.cols) : bf16_decode_on_dot_products(o.rows, o.cols))) {
+        if (v.rows != 0 && runs_on_bf16_dot_products<E>(o.rows, o.cols)) {
             const RowStream<Arch> stream = row_stream<Arch>(v, row_storage_bytes<E>(o.cols), ahead, kAheadBytes, kAheadMaxRows);
             read_ahead<Arch>(stream, 0, stream.distance);  // usually in flight already
             return accumulate_bf16_dot<Arch, E>(p, v, o, stream, kv_scale);
