@@ -103,8 +103,8 @@ private:
         // and V streams every 256 rows measured 10-20 % slower at M = 4..8).
         // bf16 compute over a bf16 cache (or an f32 one, which holds the rounded rows, or an fp8 one, whose codes are
         // bf16 values): the products on vdpbf16ps where the CPU has it (simd.hpp).
-        constexpr bool kBf16Values = std::is_same_v<E, bfloat16> || std::is_same_v<E, float> || std::is_same_v<E, fp8_e4m3> ||
-                               std::is_same_v<E, fp8_e5m2>;
+        constexpr bool kBf16Values = std::is_same_v<E, bfloat16> || std::is_same_v<E, float> ||
+                                     std::is_same_v<E, fp8_e4m3> || std::is_same_v<E, fp8_e5m2>;
         const bool dot16 = kBf16Values && rounds_to_bf16(c_.operands);
         if constexpr (kBf16Values) {
             if (dot16)
