@@ -289,6 +289,15 @@ inline constexpr std::size_t kBf16Chunk = 64;
 // zero where the count is odd.
 inline constexpr std::size_t kBf16ChunkSlots = kBf16Chunk + 2;
 
+// The 32 columns of a P·V tile's accumulator pair back in order: lane 4k + i of lo holds column 8k + i, of hi
+// column 8k + 4 + i (k: the 128-bit block); first gets columns 0..15, second 16..31.
+template <class Arch>
+MHA_BF16_DOT_TARGET inline __attribute__((always_inline)) void columns_in_order(__m512 lo, __m512 hi, __m512& first,
+                                                                               __m512& second) noexcept {
+    first = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), hi);
+    second = _mm512_permutex2var_ps(lo, _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), hi);
+}
+
 // o[m, c0 + c] for m < MR, c < 32·NB += the chunk's pairs: rows[0, e) (e even; zero rows where the chunk has none),
 // pb[m·kBf16ChunkSlots + i]: P of entry i as bf16. Reads ahead rows [ahead_first, ahead_first + ahead_rows) of the
 // stream, spread over the entries. bf16 and fp32 rows.
@@ -334,15 +343,15 @@ MHA_BF16_DOT_TARGET __attribute__((noinline, aligned(64))) void bf16_pv_tile(con
             }
         }
     }
-    const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
 #pragma GCC unroll 4
     for (std::size_t i = 0; i < MR; ++i)
 #pragma GCC unroll 2
         for (std::size_t b = 0; b < NB; ++b) {
             float* oi = o + i * ldo + c0 + 32 * b;
-            _mm512_storeu_ps(oi, _mm512_permutex2var_ps(lo[i][b], back0, hi[i][b]));
-            _mm512_storeu_ps(oi + 16, _mm512_permutex2var_ps(lo[i][b], back1, hi[i][b]));
+            __m512 r0, r1;
+            columns_in_order<Arch>(lo[i][b], hi[i][b], r0, r1);
+            _mm512_storeu_ps(oi, r0);
+            _mm512_storeu_ps(oi + 16, r1);
         }
 }
 
@@ -403,9 +412,8 @@ MHA_FP8_DOT_TARGET __attribute__((noinline, aligned(64))) void fp8_pv_tile(const
 #pragma GCC unroll 4
             for (std::size_t b = 0; b < 4; ++b) _mm512_storeu_ps(oi + 16 * b, _mm512_fmadd_ps(vs, r[b], _mm512_loadu_ps(oi + 16 * b)));
         } else {
-            const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-            const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-            const __m512 r0 = _mm512_permutex2var_ps(acc[i][0], back0, acc[i][1]), r1 = _mm512_permutex2var_ps(acc[i][0], back1, acc[i][1]);
+            __m512 r0, r1;
+            columns_in_order<Arch>(acc[i][0], acc[i][1], r0, r1);
             _mm512_storeu_ps(oi, _mm512_fmadd_ps(vs, r0, _mm512_loadu_ps(oi)));
             _mm512_storeu_ps(oi + 16, _mm512_fmadd_ps(vs, r1, _mm512_loadu_ps(oi + 16)));
         }
